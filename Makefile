@@ -1,0 +1,76 @@
+# SGLang 0.5.23 patch series: apply, refresh, wheel, test.
+#
+#   make wheel            # fetch + verify the pinned wheel, apply the series, pack dist/*.whl
+#   make test             # .venv with the CPU deps + the built wheel, lint, pytest
+#
+# Variables: PYTHON (the interpreter whose tag the wheel gets), PYTHON_TAG and
+# WHEEL_PLATFORM (cross-target, e.g. cp312 / manylinux_2_34_aarch64), LABEL
+# (local version label), FORCE=1 (apply over unexported work), GROUP (refresh:
+# the series group new commits go to), PYTEST_ARGS.
+
+PYTHON ?= python3
+VENV ?= .venv
+TOOLS := build/tools
+export PYTHON_TAG WHEEL_PLATFORM LABEL FORCE GROUP
+
+.PHONY: all fetch apply refresh wheel venv install test lint pytest check-series clean distclean
+
+all: wheel
+
+fetch:
+	$(PYTHON) scripts/upstream.py unpack
+
+apply:
+	$(PYTHON) scripts/series.py apply
+
+refresh:
+	$(PYTHON) scripts/series.py refresh
+
+$(TOOLS)/.stamp: requirements/tools.txt
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/python -m pip install -q -r requirements/tools.txt
+	touch $@
+
+# Applies the series first when build/src is missing or older than the series.
+wheel: $(TOOLS)/.stamp
+	@if [ ! -d build/src/.git ] || [ -n "$$(find patches -newer build/src/.git/HEAD -print -quit)" ]; then \
+		$(PYTHON) scripts/series.py apply || exit $$?; fi
+	$(TOOLS)/bin/python scripts/build_wheel.py
+
+$(VENV)/.stamp: requirements/test-cpu.txt requirements/lint.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q -r requirements/test-cpu.txt -r requirements/lint.txt
+	touch $@
+
+venv: $(VENV)/.stamp
+
+# The patched sglang under test is the built wheel, installed without deps.
+install: venv wheel
+	$(VENV)/bin/python -m pip install -q --no-deps --force-reinstall dist/sglang-*.whl
+
+lint: venv
+	$(VENV)/bin/python -m black --check scripts tests benchmark
+	$(VENV)/bin/python -m isort --check-only scripts tests benchmark
+	$(VENV)/bin/python -m ruff check scripts tests benchmark
+	$(VENV)/bin/codespell scripts tests benchmark README.md
+
+pytest: install
+	$(VENV)/bin/python -m pytest tests $(PYTEST_ARGS)
+
+test: lint pytest
+
+# The series also applies with plain `patch -p1 --fuzz=0` and `quilt push -a`
+# (tests/tooling/test_series.py runs both; this target is the manual check).
+check-series: fetch
+	rm -rf build/check && mkdir -p build/check
+	cp -a "$$($(PYTHON) scripts/upstream.py unpack)" build/check/patch
+	cp -a "$$($(PYTHON) scripts/upstream.py unpack)" build/check/quilt
+	$(PYTHON) scripts/series.py check-patch build/check/patch
+	$(PYTHON) scripts/series.py check-quilt build/check/quilt
+	@echo "series applies with patch -p1 --fuzz=0 and quilt push -a"
+
+clean:
+	rm -rf build/src build/src.tmp build/wheel build/check dist
+
+distclean: clean
+	rm -rf build $(VENV)

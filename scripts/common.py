@@ -1,0 +1,83 @@
+"""Shared paths, errors and git helpers for the patch-series tooling."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = Path(os.environ.get("SGL_BUILD_DIR", ROOT / "build"))
+PATCHES = Path(os.environ.get("SGL_PATCHES_DIR", ROOT / "patches"))
+PIN = Path(os.environ.get("SGL_PIN_FILE", ROOT / "upstream" / "pin.toml"))
+# Download cache and unpacked pristine trees; shareable between build dirs.
+CACHE = Path(os.environ.get("SGL_CACHE_DIR", BUILD / "cache"))
+UPSTREAM_TREES = Path(os.environ.get("SGL_UPSTREAM_DIR", BUILD / "upstream"))
+
+# Fixed identity and date: commits in build/src and exported patches must not
+# depend on who ran the tooling or when.
+PATCH_AUTHOR = "SGLang patch series <sglang-patches@users.noreply.github.com>"
+PATCH_DATE = "Thu, 1 Jan 2026 00:00:00 +0000"
+UPSTREAM_TAG = "upstream"
+
+
+class ToolError(Exception):
+    """A refusal with a message meant for the user; exits with status 2."""
+
+
+def git_env() -> dict:
+    """An environment that makes git ignore the user's and the system's config."""
+    env = dict(os.environ)
+    env.update(
+        GIT_CONFIG_GLOBAL=os.devnull,
+        GIT_CONFIG_NOSYSTEM="1",
+        GIT_AUTHOR_NAME="SGLang patch series",
+        GIT_AUTHOR_EMAIL="sglang-patches@users.noreply.github.com",
+        GIT_COMMITTER_NAME="SGLang patch series",
+        GIT_COMMITTER_EMAIL="sglang-patches@users.noreply.github.com",
+        GIT_AUTHOR_DATE=PATCH_DATE,
+        GIT_COMMITTER_DATE=PATCH_DATE,
+        LC_ALL="C",
+        TZ="UTC",
+    )
+    return env
+
+
+def git(repo: Path, *args: str, check: bool = True, env: dict | None = None) -> str:
+    proc = subprocess.run(
+        ["git", "-C", str(repo), *args],
+        capture_output=True,
+        text=True,
+        env=env or git_env(),
+    )
+    if check and proc.returncode != 0:
+        raise ToolError(
+            f"git {' '.join(args)} failed in {repo}:\n{proc.stderr.strip()}"
+        )
+    return proc.stdout
+
+
+def read_series(series_file: Path | None = None) -> list[str]:
+    """Patch paths of a quilt series file, in order (comments and blanks dropped)."""
+    series_file = series_file or PATCHES / "series"
+    if not series_file.is_file():
+        raise ToolError(f"missing series file: {series_file}")
+    entries = []
+    for line in series_file.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name = line.split()[0]
+        if name.startswith("/") or ".." in Path(name).parts:
+            raise ToolError(f"series entry must be a path inside patches/: {name}")
+        entries.append(name)
+    return entries
+
+
+def run_main(main) -> None:
+    try:
+        main()
+    except ToolError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

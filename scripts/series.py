@@ -1,0 +1,434 @@
+#!/usr/bin/env python3
+"""Apply, refresh and check the quilt-style patch series.
+
+    python scripts/series.py apply [--force]   # build/src = upstream + one commit per patch
+    python scripts/series.py refresh           # build/src commits -> patches/ + series
+    python scripts/series.py check-patch DIR   # apply to DIR with plain `patch -p1 --fuzz=0`
+    python scripts/series.py check-quilt DIR   # apply to DIR with `quilt push -a --fuzz=0`
+
+Strictness: every hunk must apply at its recorded position (no fuzz, no offset).
+A patch that does not is named, with its failing hunks, and nothing of it is
+applied: build/src then holds upstream plus the patches before it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (  # noqa: E402
+    BUILD,
+    PATCH_AUTHOR,
+    PATCH_DATE,
+    PATCHES,
+    UPSTREAM_TAG,
+    ToolError,
+    git,
+    git_env,
+    read_series,
+    run_main,
+)
+
+import upstream  # noqa: E402
+
+SRC = BUILD / "src"
+FORMAT_PATCH_ARGS = (
+    "format-patch",
+    "-1",
+    "--stdout",
+    "--zero-commit",
+    "--no-signature",
+    "--no-numbered",
+    "--full-index",
+    "--no-renames",
+    "-p",  # no diffstat
+    "--src-prefix=a/",
+    "--dst-prefix=b/",
+)
+_BAD = re.compile(
+    r"(FAILED|with fuzz|offset -?\d+ line|Reversed|malformed|garbage|"
+    r"can't find file|No file to patch|ignored|Skipping patch)",
+    re.I,
+)
+
+
+# ---------------------------------------------------------------- strict check
+@dataclass
+class Hunk:
+    file: str
+    number: int  # 1-based within the file, as GNU patch counts
+    header: str
+
+
+def _hunks(patch_file: Path) -> dict[tuple[str, int], Hunk]:
+    """Hunk headers of a patch, keyed by (file, 1-based hunk number in file)."""
+    lines = patch_file.read_text(errors="replace").splitlines()
+    hunks, current, count = {}, None, 0
+    for i, line in enumerate(lines):
+        if (
+            line.startswith("--- ")
+            and i + 1 < len(lines)
+            and lines[i + 1].startswith("+++ ")
+        ):
+            old, new = (x[4:].split("\t")[0] for x in (line, lines[i + 1]))
+            path = new if new != "/dev/null" else old
+            current = path.split("/", 1)[1] if "/" in path else path
+            count = 0
+        elif line.startswith("@@ ") and current is not None:
+            count += 1
+            hunks[(current, count)] = Hunk(current, count, line)
+    return hunks
+
+
+def strict_problems(tree: Path, patch_file: Path) -> list[str]:
+    """Dry-run ``patch -p1 --fuzz=0``; return one message per hunk that would not
+    apply exactly at its recorded position (empty when the patch is clean)."""
+    proc = subprocess.run(
+        [
+            "patch",
+            "-p1",
+            "--dry-run",
+            "--fuzz=0",
+            "--batch",
+            "--forward",
+            "-d",
+            str(tree),
+            "-i",
+            str(patch_file.resolve()),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "LC_ALL": "C"},
+    )
+    hunks = _hunks(patch_file)
+    problems, current = [], "?"
+    for line in (proc.stdout + proc.stderr).splitlines():
+        m = re.match(r"(?:checking|patching) file (.+)", line)
+        if m:
+            current = m.group(1).strip("'\"")
+            continue
+        m = re.match(r"Hunk #(\d+) (.*)", line)
+        if m:
+            msg = m.group(2)
+            if _BAD.search(msg):
+                hunk = hunks.get((current, int(m.group(1))))
+                where = hunk.header if hunk else "?"
+                problems.append(f"{current} hunk #{m.group(1)} ({where}): {msg}")
+            continue
+        if _BAD.search(line):
+            problems.append(f"{current}: {line.strip()}")
+    if proc.returncode != 0 and not problems:
+        problems.append(f"patch exited {proc.returncode}: {proc.stdout[-1500:]}")
+    return problems
+
+
+# ---------------------------------------------------------------------- export
+def export_commit(repo: Path, commit: str) -> str:
+    """The commit as a deterministic format-patch: fixed author and date."""
+    text = git(repo, *FORMAT_PATCH_ARGS, commit)
+    head, sep, body = text.partition("\nSubject: ")
+    head = re.sub(r"(?m)^From: .*$", f"From: {PATCH_AUTHOR}", head, count=1)
+    head = re.sub(r"(?m)^Date: .*$", f"Date: {PATCH_DATE}", head, count=1)
+    return head + sep + body
+
+
+def _layout(repo: Path) -> list[str]:
+    """Commits from the upstream base to HEAD; refuse any other layout."""
+    if not (repo / ".git").exists():
+        raise ToolError(f"{repo} is not a git repository; run `make apply` first")
+    base = git(
+        repo, "rev-parse", "-q", "--verify", f"{UPSTREAM_TAG}^{{commit}}", check=False
+    ).strip()
+    if not base:
+        raise ToolError(
+            f"{repo} has no '{UPSTREAM_TAG}' tag marking the pristine wheel"
+        )
+    roots = git(repo, "rev-list", "--max-parents=0", "HEAD").split()
+    if roots != [base]:
+        raise ToolError(
+            f"unexpected commit layout in {repo}: HEAD must descend from the "
+            f"'{UPSTREAM_TAG}' commit only (roots: {', '.join(r[:12] for r in roots)})"
+        )
+    merges = git(repo, "rev-list", "--min-parents=2", f"{base}..HEAD").split()
+    if merges:
+        raise ToolError(
+            f"unexpected commit layout in {repo}: merge commit(s) {', '.join(m[:12] for m in merges)}; "
+            "the series must be a linear stack of commits"
+        )
+    return git(repo, "rev-list", "--reverse", f"{base}..HEAD").split()
+
+
+def _dirty(repo: Path) -> str:
+    return git(repo, "status", "--porcelain", "--untracked-files=all").strip()
+
+
+# ----------------------------------------------------------------------- apply
+def _guard_existing(src: Path, series: list[str]) -> None:
+    """Refuse to replace a build/src holding work that is not in patches/."""
+    if not src.exists():
+        return
+    if not (src / ".git").exists():
+        raise ToolError(
+            f"{src} exists but is not a git repository; remove it or use FORCE=1"
+        )
+    dirty = _dirty(src)
+    if dirty:
+        raise ToolError(
+            f"{src} has uncommitted changes:\n{dirty[:800]}\n"
+            "commit them and run `make refresh`, or discard them with FORCE=1"
+        )
+    commits = _layout(src)
+    if len(commits) > len(series):
+        raise ToolError(
+            f"{src} has {len(commits)} patch commits but the series lists "
+            f"{len(series)}; run `make refresh` to export them, or FORCE=1"
+        )
+    for commit, name in zip(commits, series):
+        path = PATCHES / name
+        if not path.is_file() or export_commit(src, commit) != path.read_text():
+            raise ToolError(
+                f"{src} commit {commit[:12]} differs from patches/{name}; run "
+                "`make refresh` to export it, or FORCE=1 to discard it"
+            )
+
+
+def _copy_pristine(pristine: Path, dest: Path) -> None:
+    shutil.copytree(
+        pristine,
+        dest,
+        symlinks=True,
+        ignore=shutil.ignore_patterns(upstream.STAMP),
+    )
+
+
+def init_tree(pristine: Path, wheel_name: str, dest: Path) -> None:
+    _copy_pristine(pristine, dest)
+    git(dest, "init", "-q", "-b", "main")
+    git(dest, "add", "-A")
+    git(
+        dest,
+        "commit",
+        "-q",
+        "-m",
+        f"upstream: {wheel_name}\n\nPristine unpacked wheel.",
+    )
+    git(dest, "tag", UPSTREAM_TAG)
+
+
+def apply(force: bool = False) -> Path:
+    series = read_series()
+    wheel, pristine = upstream.prepare()
+    if not force:
+        _guard_existing(SRC, series)
+    tmp = BUILD / "src.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    init_tree(pristine, wheel.name, tmp)
+    failure = None
+    for index, name in enumerate(series, 1):
+        patch_file = PATCHES / name
+        if not patch_file.is_file():
+            failure = (index, name, [f"patches/{name} listed in series does not exist"])
+            break
+        problems = strict_problems(tmp, patch_file)
+        if problems:
+            failure = (index, name, problems)
+            break
+        proc = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(tmp),
+                "am",
+                "-q",
+                "--keep-non-patch",
+                "--no-3way",
+                "--whitespace=nowarn",
+                str(patch_file.resolve()),
+            ],
+            capture_output=True,
+            text=True,
+            env=git_env(),
+        )
+        if proc.returncode != 0:
+            git(tmp, "am", "--abort", check=False)
+            failure = (index, name, [proc.stderr.strip() or proc.stdout.strip()])
+            break
+    if SRC.exists():
+        shutil.rmtree(SRC)
+    os.replace(tmp, SRC)
+    if failure:
+        index, name, problems = failure
+        raise ToolError(
+            f"patch {index}/{len(series)} {name} does not apply cleanly to "
+            f"{wheel.name} (zero fuzz, zero offset required):\n  "
+            + "\n  ".join(problems)
+            + f"\nnothing of {name} was applied; {SRC} holds upstream plus the "
+            f"{index - 1} patch(es) before it. Fix the patch (or rebase it in "
+            "build/src and `make refresh`), then run `make apply` again."
+        )
+    print(f"applied {len(series)} patch(es) onto {wheel.name} in {SRC}")
+    return SRC
+
+
+# --------------------------------------------------------------------- refresh
+def _slug(subject: str) -> str:
+    subject = re.sub(r"^(\[[^\]]*\]\s*)+", "", subject)
+    slug = re.sub(r"[^a-z0-9]+", "-", subject.lower()).strip("-")
+    return slug[:52].rstrip("-") or "patch"
+
+
+def _new_name(group: str, subject: str, taken: list[str]) -> str:
+    numbers = [
+        int(m.group(1))
+        for n in taken
+        if (m := re.match(rf"{re.escape(group)}/(\d{{4}})-", n))
+    ]
+    return f"{group}/{max(numbers, default=0) + 1:04d}-{_slug(subject)}.patch"
+
+
+def _insert_series(lines: list[str], group: str, name: str) -> list[str]:
+    last = None
+    for i, line in enumerate(lines):
+        entry = line.split("#", 1)[0].strip()
+        if entry and entry.split()[0].startswith(group + "/"):
+            last = i
+    if last is None:  # a group announced by its comment block but still empty
+        for i, line in enumerate(lines):
+            if line.startswith(f"# == {group}:") or line == f"# == {group} ==":
+                last = i
+                while last + 1 < len(lines) and lines[last + 1].startswith("#"):
+                    last += 1
+                break
+    if last is None:
+        return lines + ["", f"# == {group} ==", name]
+    return lines[: last + 1] + [name] + lines[last + 1 :]
+
+
+def refresh(group: str | None = None) -> list[str]:
+    series_file = PATCHES / "series"
+    series = read_series(series_file)
+    if not SRC.exists():
+        raise ToolError(f"{SRC} does not exist; run `make apply` first")
+    dirty = _dirty(SRC)
+    if dirty:
+        raise ToolError(
+            f"{SRC} has uncommitted changes; commit them first:\n{dirty[:800]}"
+        )
+    commits = _layout(SRC)
+    if len(commits) < len(series):
+        raise ToolError(
+            f"{SRC} has {len(commits)} patch commits but the series lists "
+            f"{len(series)}: a commit was dropped or the last apply stopped early. "
+            "Remove dropped patches from patches/series by hand, or fix the "
+            "failing patch and `make apply` again."
+        )
+    lines = series_file.read_text().splitlines()
+    names = list(series)
+    written = []
+    for i, commit in enumerate(commits):
+        if i >= len(names):
+            subject = git(SRC, "log", "-1", "--format=%s", commit).strip()
+            grp = group or (names[-1].split("/")[0] if names else "misc")
+            name = _new_name(grp, subject, names)
+            names.append(name)
+            lines = _insert_series(lines, grp, name)
+        path = PATCHES / names[i]
+        text = export_commit(SRC, commit)
+        if not path.is_file() or path.read_text() != text:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            written.append(names[i])
+    new_series = "\n".join(lines) + "\n"
+    if series_file.read_text() != new_series:
+        series_file.write_text(new_series)
+        written.append("series")
+    print(
+        f"refreshed {len(commits)} patch(es); "
+        + (f"updated: {', '.join(written)}" if written else "no changes")
+    )
+    return written
+
+
+# ----------------------------------------------------- plain patch and quilt
+def check_patch(tree: Path) -> None:
+    for name in read_series():
+        proc = subprocess.run(
+            [
+                "patch",
+                "-p1",
+                "--fuzz=0",
+                "--batch",
+                "--forward",
+                "-d",
+                str(tree),
+                "-i",
+                str((PATCHES / name).resolve()),
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "LC_ALL": "C"},
+        )
+        out = proc.stdout + proc.stderr
+        if proc.returncode != 0 or _BAD.search(out):
+            raise ToolError(f"`patch -p1 --fuzz=0` failed on {name}:\n{out}")
+
+
+def check_quilt(tree: Path) -> None:
+    if not shutil.which("quilt"):
+        raise ToolError("quilt is not installed (apt-get install quilt)")
+    if not read_series():
+        return
+    env = {
+        **os.environ,
+        "QUILT_PATCHES": str(PATCHES.resolve()),
+        "QUILT_PC": ".pc",
+        "QUILT_PATCH_OPTS": "--fuzz=0 --unified",
+        "LC_ALL": "C",
+    }
+    proc = subprocess.run(
+        ["quilt", "--quiltrc", "-", "push", "-a", "--fuzz=0"],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+    out = proc.stdout + proc.stderr
+    if proc.returncode != 0 or _BAD.search(out):
+        raise ToolError(f"`quilt push -a --fuzz=0` failed:\n{out}")
+    shutil.rmtree(tree / ".pc", ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("apply")
+    p.add_argument(
+        "--force", action="store_true", default=os.environ.get("FORCE") == "1"
+    )
+    p = sub.add_parser("refresh")
+    p.add_argument("--group", default=os.environ.get("GROUP") or None)
+    for name in ("check-patch", "check-quilt"):
+        p = sub.add_parser(name)
+        p.add_argument("tree", type=Path)
+    args = ap.parse_args()
+    if args.command == "apply":
+        apply(args.force)
+    elif args.command == "refresh":
+        refresh(args.group)
+    elif args.command == "check-patch":
+        check_patch(args.tree)
+    else:
+        check_quilt(args.tree)
+
+
+if __name__ == "__main__":
+    run_main(main)

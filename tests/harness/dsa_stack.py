@@ -1,0 +1,138 @@
+"""A DSA HiCache stack built on CPU through upstream's own construction path.
+
+``build_dsa_stack`` publishes ``ServerArgs`` for this rank, creates a
+``DSATokenToKVPool`` (MLA latent KV + DSA indexer-K) and a paged allocator,
+and calls ``_DsaStrategy().build`` -- the call ``attach_hybrid_pool_to_unified_cache``
+makes in a server -- which runs ``prepare_host_pool_config`` ->
+``build_host_pool_group`` -> ``HybridCacheController``.  Only the CUDA-only
+pieces are replaced, by the stand-ins in ``tests/standins`` (the two direct
+``kvcacheio`` ops and pinned-memory registration).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class DsaStack:
+    server_args: Any
+    device_pool: Any
+    allocator: Any
+    controller: Any
+    build_result: Any
+    layer_num: int
+    page_size: int
+
+    @property
+    def kv_host(self):
+        from sglang.srt.mem_cache.hicache_storage import PoolName
+
+        return self.controller.mem_pool_host.get_pool(PoolName.KV)
+
+    @property
+    def indexer_host(self):
+        from sglang.srt.mem_cache.hicache_storage import PoolName
+
+        return self.controller.mem_pool_host.get_pool(PoolName.INDEXER)
+
+    def buffer_names(self) -> dict[int, str]:
+        """data_ptr -> stable name, to make transfer traces comparable across runs."""
+        names = {}
+        for l, buf in enumerate(self.device_pool.kv_buffer):
+            names[buf.data_ptr()] = f"device.kv[{l}]"
+        for l, buf in enumerate(self.device_pool.index_k_with_scale_buffer):
+            names[buf.data_ptr()] = f"device.indexer[{l}]"
+        names[self.kv_host.kv_buffer.data_ptr()] = "host.kv"
+        names[self.indexer_host.index_k_with_scale_buffer.data_ptr()] = "host.indexer"
+        return names
+
+
+def publish_server_args(rank: int, world_size: int, **overrides):
+    from sglang.srt.runtime_context import SpawnRanks
+    from sglang.srt.server_args import ServerArgs
+    from sglang.test.parallel_groups import publish
+
+    kwargs = dict(
+        model_path="dummy",
+        device="cpu",
+        enable_hierarchical_cache=True,
+        hicache_io_backend="direct",
+        hicache_mem_layout="page_first_direct",
+        hicache_ratio=2.0,
+        tp_size=world_size,
+    )
+    kwargs.update(overrides)
+    server_args = ServerArgs(**kwargs)
+    publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=rank))
+    return server_args
+
+
+def build_dsa_stack(
+    rank: int = 0,
+    world_size: int = 1,
+    *,
+    layer_num: int = 5,
+    skip_topk_layers: tuple[bool, ...] | None = (False, False, True, False, False),
+    size: int = 1024,
+    page_size: int = 64,
+    kv_dtype: torch.dtype = torch.bfloat16,
+    tp_group=None,
+    server_args_overrides: dict | None = None,
+) -> DsaStack:
+    import torch.distributed as dist
+
+    from standins import kvcacheio, pinned_memory
+
+    server_args = publish_server_args(rank, world_size, **(server_args_overrides or {}))
+    kvcacheio.install()
+    pinned_memory.install()
+
+    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler import _DsaStrategy
+    from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool
+
+    pool = DSATokenToKVPool(
+        size=size,
+        page_size=page_size,
+        kv_lora_rank=512,
+        dtype=kv_dtype,
+        qk_rope_head_dim=64,
+        layer_num=layer_num,
+        device="cpu",
+        index_head_dim=128,
+        enable_memory_saver=False,
+        kv_cache_dim=576,
+        skip_topk_layers=list(skip_topk_layers) if skip_topk_layers else None,
+    )
+    allocator = PagedTokenToKVPoolAllocator(
+        size, page_size, torch.int64, "cpu", pool, False
+    )
+    params = CacheInitParams(
+        disable=False,
+        req_to_token_pool=None,
+        token_to_kv_pool_allocator=allocator,
+        page_size=page_size,
+        tp_cache_group=tp_group if tp_group is not None else dist.group.WORLD,
+    )
+    result = _DsaStrategy().build(
+        cache=None,
+        kvcache=pool,
+        params=params,
+        server_args=server_args,
+        load_cache_event=threading.Event(),
+    )
+    return DsaStack(
+        server_args=server_args,
+        device_pool=pool,
+        allocator=allocator,
+        controller=result.cache_controller,
+        build_result=result,
+        layer_num=layer_num,
+        page_size=page_size,
+    )

@@ -1,0 +1,53 @@
+"""Fixtures for the tooling tests: isolated build/patches dirs sharing the
+real download cache and unpacked upstream tree (never the real build/src)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "scripts"
+
+
+def run_script(script: str, *args: str, env: dict, check: bool = False):
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / script), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{script} {args} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def upstream_wheel() -> Path:
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "upstream.py"), "wheel-path"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return Path(proc.stdout.strip())
+
+
+@pytest.fixture
+def sandbox(tmp_path, upstream_wheel):
+    """A copy of patches/ and a fresh build dir; env for the scripts."""
+    patches = tmp_path / "patches"
+    shutil.copytree(ROOT / "patches", patches)
+    env = {
+        "SGL_BUILD_DIR": str(tmp_path / "build"),
+        "SGL_PATCHES_DIR": str(patches),
+        "SGL_DIST_DIR": str(tmp_path / "dist"),
+        "SGL_CACHE_DIR": str(upstream_wheel.parent),
+        "SGL_UPSTREAM_DIR": str(ROOT / "build" / "upstream"),
+    }
+    return tmp_path, env

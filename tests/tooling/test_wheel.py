@@ -1,0 +1,160 @@
+"""make wheel: upstream tags, local version everywhere, valid RECORD, pip picks it."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT, run_script
+
+TOOLS_PY = ROOT / "build" / "tools" / "bin" / "python"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, upstream_wheel):
+    tmp = tmp_path_factory.mktemp("wheel")
+    shutil.copytree(ROOT / "patches", tmp / "patches")
+    env = {
+        **os.environ,
+        "SGL_BUILD_DIR": str(tmp / "build"),
+        "SGL_PATCHES_DIR": str(tmp / "patches"),
+        "SGL_DIST_DIR": str(tmp / "dist"),
+        "SGL_CACHE_DIR": str(upstream_wheel.parent),
+        "SGL_UPSTREAM_DIR": str(ROOT / "build" / "upstream"),
+        "LABEL": "test.7",
+    }
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts/series.py"), "apply"], env=env, check=True
+    )
+    python = str(TOOLS_PY) if TOOLS_PY.exists() else sys.executable
+    proc = subprocess.run(
+        [python, str(ROOT / "scripts/build_wheel.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    wheels = list((tmp / "dist").glob("*.whl"))
+    assert len(wheels) == 1
+    return tmp, wheels[0], proc.stdout, upstream_wheel
+
+
+def test_name_tags_and_version(built):
+    _, wheel, out, upstream_wheel = built
+    tags = upstream_wheel.name.split("-", 2)[2]
+    assert wheel.name == f"sglang-0.5.23+test.7-{tags}"
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        meta = zf.read("sglang-0.5.23+test.7.dist-info/METADATA").decode()
+        wheel_file = zf.read("sglang-0.5.23+test.7.dist-info/WHEEL").decode()
+        version_py = zf.read("sglang/_version.py").decode()
+        series = zf.read("sglang-0.5.23+test.7.dist-info/PATCH_SERIES").decode()
+    assert "Version: 0.5.23+test.7\n" in meta
+    assert f"Tag: {tags[:-4]}" in wheel_file and "Root-Is-Purelib: false" in wheel_file
+    assert "__version__ = version = '0.5.23+test.7'" in version_py
+    assert "__version_tuple__ = version_tuple = (0, 5, 23, 'test.7')" in version_py
+    assert not any(n.startswith("sglang-0.5.23.dist-info/") for n in names)
+    assert series == (ROOT / "patches" / "series").read_text()
+    # the patched-file list is printed
+    assert "patched files" in out and "sglang/srt/mem_cache/l2_transfer.py" in out
+
+
+def test_record_is_valid_and_contents_are_the_patched_tree(built):
+    tmp, wheel, _, upstream_wheel = built
+    from wheel.wheelfile import WheelFile  # validates every RECORD hash on read
+
+    with WheelFile(wheel) as wf:
+        for info in wf.infolist():
+            wf.read(info.filename)
+    with zipfile.ZipFile(wheel) as ours, zipfile.ZipFile(upstream_wheel) as theirs:
+        # files only: the upstream zip also lists directory entries
+        a = {n for n in ours.namelist() if ".dist-info/" not in n and n[-1] != "/"}
+        b = {n for n in theirs.namelist() if ".dist-info/" not in n and n[-1] != "/"}
+        assert a == b
+        src = tmp / "build" / "src"
+        for name in sorted(a):
+            if name.endswith("l2_transfer.py") or name.endswith(".so"):
+                assert ours.read(name) == (src / name).read_bytes(), name
+        so = [n for n in a if n.endswith(".so")]
+        assert so and all(ours.read(n) == theirs.read(n) for n in so)
+
+
+def _scratch_venv(tmp: Path) -> Path:
+    venv = tmp / "scratch-venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    return venv / "bin" / "python"
+
+
+def test_installs_reports_label_and_pip_prefers_it(built):
+    tmp, wheel, _, upstream_wheel = built
+    py = _scratch_venv(tmp)
+    subprocess.run(
+        [py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+    )
+    # sglang's import needs torch & co: borrow this test venv's site-packages
+    # *after* the scratch venv's own, so the scratch sglang is the one imported.
+    site = subprocess.run(
+        [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    Path(site, "zz_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    proc = subprocess.run(
+        [py, "-c", "import sglang; print(sglang.__version__); print(sglang.__file__)"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    version, location = proc.stdout.split()[-2:]
+    assert version == "0.5.23+test.7"
+    assert location.startswith(site)
+
+    # pip resolves `sglang==0.5.23` to the local-label wheel, also when the
+    # upstream wheel is offered next to it.
+    links = tmp / "links"
+    links.mkdir()
+    shutil.copy(wheel, links)
+    shutil.copy(upstream_wheel, links)
+    report = tmp / "report.json"
+    subprocess.run(
+        [
+            py,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--dry-run",
+            "--ignore-installed",
+            "--no-deps",
+            "--no-index",
+            "--find-links",
+            str(links),
+            "--report",
+            str(report),
+            "sglang==0.5.23",
+        ],
+        check=True,
+    )
+    chosen = json.loads(report.read_text())["install"]
+    assert [c["metadata"]["version"] for c in chosen] == ["0.5.23+test.7"]
+
+
+def test_bad_label_refused(built):
+    tmp, _, _, upstream_wheel = built
+    env = {
+        "SGL_BUILD_DIR": str(tmp / "build"),
+        "SGL_PATCHES_DIR": str(tmp / "patches"),
+        "SGL_DIST_DIR": str(tmp / "dist2"),
+        "LABEL": "bad-label!",
+    }
+    proc = run_script("build_wheel.py", env=env)
+    assert proc.returncode == 2 and "invalid local version label" in proc.stderr
+    assert not (tmp / "dist2").exists() or not any((tmp / "dist2").iterdir())
