@@ -79,7 +79,8 @@ def test_refresh_exports_a_new_commit_into_its_group(sandbox):
     )
     assert proc.returncode == 0, proc.stderr
     entries = series_entries(tmp / "patches")
-    assert entries[-1].startswith("hicache-rank-shard/0002-test-docstring")
+    number = len([e for e in entries if e.startswith("hicache-rank-shard/")])
+    assert entries[-1].startswith(f"hicache-rank-shard/{number:04d}-test-docstring")
     text = (tmp / "patches" / entries[-1]).read_text()
     assert "Subject: [PATCH] [HiCache] Test docstring" in text
     assert "Date: Thu, 1 Jan 2026 00:00:00 +0000" in text

@@ -1,0 +1,181 @@
+"""Multi-rank scenarios for the rank-sharded HiCache host tier.
+
+Each function runs on one rank of a ``harness.multiproc.run_ranks`` gloo group
+(one process per TP rank). Every rank builds the same DSA stack through
+upstream's ``_DsaStrategy.build`` (patched: it shards when
+``SGLANG_ENABLE_HICACHE_RANK_SHARD=1``) and fills its device pool with the
+same seeded data, as replicated TP ranks hold identical KV.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from harness.scenarios import _normalize, _random_like, _sglang_identity
+
+
+def _count_group_creation() -> list:
+    """Record every create_custom_parallel_group call made from now on."""
+    from sglang.srt.distributed import parallel_state
+
+    calls = []
+    original = parallel_state.create_custom_parallel_group
+
+    def counting(*args, **kwargs):
+        calls.append(args or tuple(kwargs.items()))
+        return original(*args, **kwargs)
+
+    parallel_state.create_custom_parallel_group = counting
+    return calls
+
+
+def _extra():
+    from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
+
+    return [PoolTransfer(name=PoolName.INDEXER, indices_from_pool=PoolName.KV)]
+
+
+def sharded_roundtrip(
+    rank: int,
+    world_size: int,
+    *,
+    seed: int = 0,
+    steps: int = 30,
+    layer_num: int = 7,
+    skip_topk_layers=None,
+    skip_exchange: bool = False,
+    diverge_rank: int | None = None,
+    direct_submit: bool = False,
+    size: int = 1024,
+    count_groups: bool = False,
+) -> dict:
+    """Writes, device evictions, load-backs and host evictions; after every
+    load-back every rank checks its device rows (KV and indexer) bit for bit.
+
+    Negative controls: ``skip_exchange`` disables the owner broadcast;
+    ``diverge_rank`` makes that rank's host allocator hand out different
+    slots; ``direct_submit`` submits a load-back outside ``start_loading``.
+    """
+    import torch.distributed as dist
+
+    from harness.dsa_stack import build_dsa_stack
+    from standins import kvcacheio
+
+    groups = _count_group_creation() if count_groups else None
+    skip = tuple(skip_topk_layers) if skip_topk_layers else (False,) * layer_num
+    stack = build_dsa_stack(
+        rank, world_size, layer_num=layer_num, skip_topk_layers=skip, size=size
+    )
+    pool, alloc, cc = stack.device_pool, stack.allocator, stack.controller
+    cc.load_fence_stream = torch.cpu.current_stream()
+    shard = getattr(cc, "rank_shard", None)
+    if skip_exchange and shard is not None:
+        shard.exchange.exchange_layer = lambda layer_id, transfers: None
+    ps = stack.page_size
+    live_ix = [i for i, s in enumerate(skip) if not s]
+
+    def pages(dev):
+        return dev[::ps] // ps
+
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    for buf in list(pool.kv_buffer) + [
+        pool.index_k_with_scale_buffer[i] for i in live_ix
+    ]:
+        buf.copy_(_random_like(buf, gen))
+    if diverge_rank == rank:
+        stack.kv_host.alloc(ps)  # this rank's host slots now differ from its peers'
+
+    names = stack.buffer_names()
+    kvcacheio.start_trace()
+    nodes, events, mismatches, next_id = {}, [], [], 1
+    for step in range(steps):
+        op = rng.choice(["write", "write", "load", "load", "evict_host"])
+        if op == "write" or not nodes:
+            dev = alloc.alloc(ps * rng.randint(1, 4))
+            if dev is None:
+                events.append(("write", "no device space"))
+                continue
+            for l in range(layer_num):
+                pool.kv_buffer[l][dev] = _random_like(pool.kv_buffer[l][dev], gen)
+            for l in live_ix:
+                ix = pool.index_k_with_scale_buffer[l]
+                ix[pages(dev)] = _random_like(ix[pages(dev)], gen)
+            host = cc.write(dev, node_id=next_id, extra_pools=_extra())
+            if host is None:
+                alloc.free(dev)
+                events.append(("write", "no host space"))
+                continue
+            nodes[next_id] = dict(
+                host=host,
+                kv=[pool.kv_buffer[l][dev].clone() for l in range(layer_num)],
+                ix={
+                    l: pool.index_k_with_scale_buffer[l][pages(dev)].clone()
+                    for l in live_ix
+                },
+            )
+            events.append(("write", next_id, host.tolist()))
+            next_id += 1
+            alloc.free(dev)  # the device copy is evicted; its rows get reused
+            for l in range(layer_num):
+                pool.kv_buffer[l][dev] = _random_like(pool.kv_buffer[l][dev], gen)
+            for l in live_ix:
+                ix = pool.index_k_with_scale_buffer[l]
+                ix[pages(dev)] = _random_like(ix[pages(dev)], gen)
+        elif op == "load":
+            node_id = rng.choice(sorted(nodes))
+            node = nodes[node_id]
+            if direct_submit:
+                return _direct_submit(cc, node["host"], alloc)
+            dev = cc.load(node["host"], node_id=node_id, extra_pools=_extra())
+            if dev is None:
+                events.append(("load", node_id, "no device space"))
+                continue
+            cc.start_loading()
+            for l in range(layer_num):
+                if not torch.equal(pool.kv_buffer[l][dev], node["kv"][l]):
+                    mismatches.append((step, "kv", l))
+            for l, rows in node["ix"].items():
+                if not torch.equal(pool.index_k_with_scale_buffer[l][pages(dev)], rows):
+                    mismatches.append((step, "indexer", l))
+            events.append(("load", node_id, dev.tolist()))
+            alloc.free(dev)
+        else:
+            node_id = rng.choice(sorted(nodes))
+            cc.evict_host(nodes.pop(node_id)["host"])
+            events.append(("evict_host", node_id))
+    trace = _normalize(kvcacheio.stop_trace(), names)
+    dist.barrier()
+    return dict(
+        rank=rank,
+        sglang=_sglang_identity(),
+        groups_created=len(groups) if groups is not None else None,
+        sharded=shard is not None,
+        kv_host_layers=list(stack.kv_host._target_layer_indices),
+        indexer_host_layers=list(stack.indexer_host._live_target_layers),
+        kv_host_size=stack.kv_host.size,
+        kv_host_bytes=stack.kv_host.kv_buffer.numel(),
+        indexer_host_bytes=stack.indexer_host.index_k_with_scale_buffer.numel(),
+        events=events,
+        mismatches=mismatches,
+        trace=trace,
+        gate_event_set=(shard is not None and cc.rank_shard_gate.event is not None),
+        bytes_sent=shard.exchange.bytes_sent if shard else 0,
+        bytes_received=shard.exchange.bytes_received if shard else 0,
+    )
+
+
+def _direct_submit(cc, host, alloc) -> dict:
+    """A load-back through the engine without start_loading (as the PD-decode
+    retraction restore does): must raise on a sharded pool."""
+    dev = alloc.alloc(host.numel())
+    transfers = cc._l2_load_transfers(host, dev, None)
+    try:
+        cc.l2_transfer_engine.submit_host_to_device(
+            transfers, transfer_layer_id_max=cc.transfer_layer_id_max
+        )
+    except RuntimeError as e:
+        return dict(raised=str(e))
+    return dict(raised=None)

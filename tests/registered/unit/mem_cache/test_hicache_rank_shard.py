@@ -1,0 +1,188 @@
+"""Rank-sharded HiCache host tier (SGLANG_ENABLE_HICACHE_RANK_SHARD) on CPU.
+
+Real processes (one per TP rank, gloo), DSA stacks built through upstream's
+``_DsaStrategy.build`` with the patched modules; only the two direct
+``kvcacheio`` ops and pinned-memory registration are stand-ins.
+"""
+
+import unittest
+
+from sglang.test.ci.ci_register import register_cpu_ci
+
+from harness.compare import diff_results, run_scenario
+from harness.multiproc import RankFailure, run_ranks
+from harness.rank_shard_scenarios import sharded_roundtrip
+
+register_cpu_ci(est_time=300, suite="stage-a-test-cpu")
+
+ON = {"SGLANG_ENABLE_HICACHE_RANK_SHARD": "1"}
+KV_ROW_BYTES = 576 * 2  # bf16 latent + rope row of the test pool
+INDEXER_ROW_BYTES = 132 * 64  # one 64-token indexer page
+
+
+def _device_layers(trace, op, kind):
+    """Device layers a rank's transfer calls touched, per direction."""
+    side = "src" if op == "d2h_all_layer" else "dst"
+    layers = set()
+    for call in trace:
+        if call["op"] != op:
+            continue
+        for name in call[side]:
+            if name.startswith(f"device.{kind}["):
+                layers.add(int(name[len(f"device.{kind}[") : -1]))
+    return layers
+
+
+class _ShardedRun:
+    WORLD = 4
+    LAYERS = 7
+    SKIP = None
+
+    @classmethod
+    def setUpClass(cls):
+        cls.skip = cls.SKIP or (False,) * cls.LAYERS
+        cls.results = run_ranks(
+            sharded_roundtrip,
+            cls.WORLD,
+            timeout=600,
+            env={**ON, "SGLANG_HICACHE_RANK_SHARD_VERIFY_EVERY": "2"},
+            seed=3,
+            steps=36,
+            layer_num=cls.LAYERS,
+            skip_topk_layers=cls.skip,
+            count_groups=True,
+        )
+
+    def test_every_rank_is_sharded_with_round_robin_owners(self):
+        live = [i for i, s in enumerate(self.skip) if not s]
+        counts = []
+        for r in self.results:
+            self.assertTrue(r["sharded"])
+            self.assertEqual(r["groups_created"], 2)  # broadcast + verify group
+            self.assertEqual(
+                r["kv_host_layers"], list(range(self.LAYERS))[r["rank"] :: self.WORLD]
+            )
+            self.assertEqual(r["indexer_host_layers"], live[r["rank"] :: self.WORLD])
+            counts.append(len(r["kv_host_layers"]))
+        self.assertLessEqual(max(counts) - min(counts), 1)
+        self.assertEqual(sum(counts), self.LAYERS)
+
+    def test_restores_are_bit_exact_on_every_rank(self):
+        loads = [e for e in self.results[0]["events"] if e[0] == "load" and len(e) == 3]
+        self.assertGreaterEqual(len(loads), 5)
+        for r in self.results:
+            self.assertEqual(r["mismatches"], [], f"rank {r['rank']}")
+
+    def test_host_indices_and_capacity_identical_across_ranks(self):
+        for r in self.results[1:]:
+            self.assertEqual(r["events"], self.results[0]["events"])
+            self.assertEqual(r["kv_host_size"], self.results[0]["kv_host_size"])
+
+    def test_host_copies_touch_only_owned_layers_with_owned_bytes(self):
+        live = [i for i, s in enumerate(self.skip) if not s]
+        for r in self.results:
+            owned_kv = set(r["kv_host_layers"])
+            owned_ix = set(r["indexer_host_layers"])
+            for op in ("d2h_all_layer", "h2d_layer"):
+                self.assertEqual(_device_layers(r["trace"], op, "kv"), owned_kv, op)
+                self.assertEqual(
+                    _device_layers(r["trace"], op, "indexer"), owned_ix, op
+                )
+            # D2H bytes: every backed-up token, once per owned layer.
+            tokens = sum(
+                len(c["src_pages"]) * 64
+                for c in r["trace"]
+                if c["op"] == "d2h_all_layer" and c["dst"] == ("host.kv",)
+            )
+            kv_bytes = sum(
+                c["nbytes"]
+                for c in r["trace"]
+                if c["op"] == "d2h_all_layer" and c["dst"] == ("host.kv",)
+            )
+            self.assertEqual(kv_bytes, tokens * KV_ROW_BYTES * len(owned_kv))
+            # Broadcast volume: a rank sends exactly the rows of its layers.
+            self.assertGreater(r["bytes_sent"], 0)
+            self.assertGreater(r["bytes_received"], 0)
+        total_sent = sum(r["bytes_sent"] for r in self.results)
+        total_received = sum(r["bytes_received"] for r in self.results)
+        self.assertEqual(total_received, total_sent * (self.WORLD - 1))
+        self.assertTrue(all(r["gate_event_set"] for r in self.results))
+        self.assertTrue(live)
+
+
+class TestRankShardFourRanks(_ShardedRun, unittest.TestCase):
+    WORLD = 4
+    LAYERS = 7  # not divisible by 4
+    SKIP = (False, False, True, False, False, False, False)
+
+
+class TestRankShardEightRanks(_ShardedRun, unittest.TestCase):
+    WORLD = 8
+    LAYERS = 11  # not divisible by 8; 9 live indexer layers
+    SKIP = (False, True, False, False, False, True, False, False, False, False, False)
+
+
+class TestRankShardNegativeControls(unittest.TestCase):
+    def test_skipping_the_exchange_is_caught(self):
+        results = run_ranks(
+            sharded_roundtrip,
+            2,
+            timeout=300,
+            env=ON,
+            seed=5,
+            steps=20,
+            skip_exchange=True,
+        )
+        self.assertTrue(any(r["mismatches"] for r in results))
+
+    def test_diverging_host_pages_raise_naming_the_rank(self):
+        env = {**ON, "SGLANG_HICACHE_RANK_SHARD_VERIFY_EVERY": "1"}
+        with self.assertRaises(RankFailure) as ctx:
+            run_ranks(
+                sharded_roundtrip,
+                2,
+                timeout=300,
+                env=env,
+                seed=5,
+                steps=20,
+                diverge_rank=1,
+            )
+        self.assertIn(
+            "TP ranks [1] loaded different host pages than rank 0", str(ctx.exception)
+        )
+
+    def test_load_back_outside_start_loading_raises(self):
+        results = run_ranks(
+            sharded_roundtrip,
+            2,
+            timeout=300,
+            env=ON,
+            seed=5,
+            steps=20,
+            direct_submit=True,
+        )
+        for r in results:
+            self.assertIn("must come from HiCacheController.start_loading", r["raised"])
+
+
+class TestRankShardFlagOff(unittest.TestCase):
+    def test_two_ranks_flag_off_equal_upstream(self):
+        kwargs = dict(seed=7, steps=24, count_groups=True)
+        upstream = run_scenario(
+            "upstream", "harness.rank_shard_scenarios:sharded_roundtrip", 2, **kwargs
+        )
+        patched = run_scenario(
+            "patched", "harness.rank_shard_scenarios:sharded_roundtrip", 2, **kwargs
+        )
+        self.assertEqual(upstream[0]["sglang"]["version"], "0.5.23")
+        self.assertTrue(patched[0]["sglang"]["version"].startswith("0.5.23+"))
+        for r in upstream + patched:
+            r.pop("sglang")
+            self.assertFalse(r["sharded"])
+            self.assertEqual(r["groups_created"], 0)
+            self.assertEqual(r["mismatches"], [])
+        self.assertEqual(diff_results(upstream, patched), [])
+
+
+if __name__ == "__main__":
+    unittest.main()
