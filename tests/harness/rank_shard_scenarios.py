@@ -179,3 +179,26 @@ def _direct_submit(cc, host, alloc) -> dict:
     except RuntimeError as e:
         return dict(raised=str(e))
     return dict(raised=None)
+
+
+def inactive_reasons(rank: int, world_size: int, *, tp_size: int, **overrides):
+    """The activation check's reasons for a freshly published ServerArgs."""
+    from sglang.srt.mem_cache.hicache_rank_shard import rank_shard_inactive_reasons
+    from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool
+
+    from harness.dsa_stack import publish_server_args
+
+    publish_server_args(rank, tp_size, **overrides)
+    pool = DSATokenToKVPool(
+        size=256,
+        page_size=64,
+        kv_lora_rank=512,
+        dtype=torch.bfloat16,
+        qk_rope_head_dim=64,
+        layer_num=4,
+        device="cpu",
+        index_head_dim=128,
+        enable_memory_saver=False,
+        kv_cache_dim=576,
+    )
+    return rank_shard_inactive_reasons(pool)
