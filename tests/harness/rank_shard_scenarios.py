@@ -10,6 +10,7 @@ same seeded data, as replicated TP ranks hold identical KV.
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import torch
 
@@ -202,3 +203,97 @@ def inactive_reasons(rank: int, world_size: int, *, tp_size: int, **overrides):
         kv_cache_dim=576,
     )
     return rank_shard_inactive_reasons(pool)
+
+
+class _StopAfterGate(Exception):
+    pass
+
+
+class _RecordingStream:
+    """Stand-in for a CUDA stream: records which event it was made to wait on."""
+
+    def __init__(self, name, waits):
+        self.name, self.waits = name, waits
+
+    def wait_event(self, event):
+        self.waits.append((self.name, id(event)))
+
+
+def _run_batch_until_gate(gate, *, overlap: bool, waits: list) -> bool:
+    """Run the real ``Scheduler.run_batch`` on a stand-in scheduler instance (a
+    real one needs a GPU model) until the first statement after the gate."""
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.scheduler import Scheduler
+
+    class SchedulerStandIn:
+        metrics_reporter = SimpleNamespace(record_scheduler_active=lambda ts: None)
+        profiler_manager = SimpleNamespace(_profile_batch_predicate=lambda b: None)
+        forward_ct = 0
+        processed_tokens_counter = 0
+        scripted_scheduler_hook = None
+        forward_sleep_time = None
+        scheduler_stage_metrics = None  # stage timing off
+        _sched_idled = False
+        rank_shard_gate = gate
+        enable_overlap = overlap
+        forward_stream = _RecordingStream("forward", waits)
+
+        @property
+        def disaggregation_mode(self):  # first read after the gate
+            raise _StopAfterGate
+
+    mode = SimpleNamespace(is_split_prefill=lambda: False, is_prebuilt=lambda: False)
+    batch = SimpleNamespace(forward_mode=mode, extend_num_tokens=0, split_index=0)
+    try:
+        Scheduler.run_batch(SchedulerStandIn(), batch)
+    except _StopAfterGate:
+        return True
+    return False
+
+
+def gate_paths(rank: int, world_size: int) -> dict:
+    """start_loading publishes the exchange's finish event; set_consumer and
+    run_batch wait on the last one."""
+    import sglang.srt.utils as sglang_utils
+
+    from harness.dsa_stack import build_dsa_stack
+
+    stack = build_dsa_stack(rank, world_size, layer_num=4, skip_topk_layers=None)
+    cc, alloc = stack.controller, stack.allocator
+    cc.load_fence_stream = torch.cpu.current_stream()
+    gate = cc.rank_shard_gate
+    waits: list = []
+    sglang_utils.get_device_module = lambda: SimpleNamespace(
+        current_stream=lambda: _RecordingStream("current", waits)
+    )
+    dev = alloc.alloc(2 * stack.page_size)
+    host = cc.write(dev, node_id=1, extra_pools=_extra())
+    alloc.free(dev)
+    d1 = cc.load(host, node_id=1, extra_pools=_extra())
+    cc.start_loading()
+    first = gate.event
+    is_last = first is cc.ack_load_queue[-1].finish_event
+    alloc.free(d1)
+    cc.load(host, node_id=1, extra_pools=_extra())
+    cc.start_loading()
+    second = gate.event
+    replaced = second is cc.ack_load_queue[-1].finish_event and second is not first
+
+    waits.clear()
+    cc.layer_done_counter.set_consumer(0)
+    set_consumer_waited = [event for _, event in waits]
+    waits.clear()
+    stopped_overlap = _run_batch_until_gate(gate, overlap=True, waits=waits)
+    overlap_waited = list(waits)
+    waits.clear()
+    stopped_plain = _run_batch_until_gate(gate, overlap=False, waits=waits)
+    return dict(
+        gate_is_last_ack_finish=is_last,
+        gate_replaced_by_second_load=replaced,
+        last_event_id=id(second),
+        set_consumer_waited=set_consumer_waited,
+        run_batch_overlap_waited=overlap_waited,
+        run_batch_plain_waited=list(waits),
+        run_batch_stopped_after_gate=stopped_overlap and stopped_plain,
+    )
