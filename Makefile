@@ -6,14 +6,14 @@
 # Variables: PYTHON (the interpreter whose tag the wheel gets), PYTHON_TAG and
 # WHEEL_PLATFORM (cross-target, e.g. cp312 / manylinux_2_34_aarch64), LABEL
 # (local version label), FORCE=1 (apply over unexported work), GROUP (refresh:
-# the series group new commits go to), PYTEST_ARGS.
+# the series group new commits go to), FEATURE (pr), PYTEST_ARGS.
 
 PYTHON ?= python3
 VENV ?= .venv
 TOOLS := build/tools
 export PYTHON_TAG WHEEL_PLATFORM LABEL FORCE GROUP
 
-.PHONY: all fetch apply refresh wheel venv install test lint pytest check-series clean distclean
+.PHONY: all fetch apply refresh wheel venv install test lint pytest check-series pr clean distclean
 
 all: wheel
 
@@ -68,6 +68,11 @@ check-series: fetch
 	$(PYTHON) scripts/series.py check-patch build/check/patch
 	$(PYTHON) scripts/series.py check-quilt build/check/quilt
 	@echo "series applies with patch -p1 --fuzz=0 and quilt push -a"
+
+# Extract one feature group as an upstream PR into build/pr/<feature>/.
+pr:
+	@test -n "$(FEATURE)" || { echo "usage: make pr FEATURE=<series group>" >&2; exit 2; }
+	$(PYTHON) scripts/make_pr.py $(FEATURE)
 
 clean:
 	rm -rf build/src build/src.tmp build/wheel build/check dist

@@ -81,16 +81,24 @@ def build_dsa_stack(
     size: int = 1024,
     page_size: int = 64,
     kv_dtype: torch.dtype = torch.bfloat16,
+    kv_cache_dim: int = 576,
+    device: str = "cpu",
     tp_group=None,
     server_args_overrides: dict | None = None,
 ) -> DsaStack:
+    """On ``device="cpu"`` the CPU stand-ins are installed; on CUDA the real
+    pinned registration runs and the kvcacheio ops come from ``sgl_kernel``."""
     import torch.distributed as dist
 
-    from standins import kvcacheio, pinned_memory
+    overrides = dict(server_args_overrides or {})
+    if device != "cpu":
+        overrides.setdefault("device", "cuda")
+    server_args = publish_server_args(rank, world_size, **overrides)
+    if device == "cpu":
+        from standins import kvcacheio, pinned_memory
 
-    server_args = publish_server_args(rank, world_size, **(server_args_overrides or {}))
-    kvcacheio.install()
-    pinned_memory.install()
+        kvcacheio.install()
+        pinned_memory.install()
 
     from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -104,14 +112,14 @@ def build_dsa_stack(
         dtype=kv_dtype,
         qk_rope_head_dim=64,
         layer_num=layer_num,
-        device="cpu",
+        device=device,
         index_head_dim=128,
         enable_memory_saver=False,
-        kv_cache_dim=576,
+        kv_cache_dim=kv_cache_dim,
         skip_topk_layers=list(skip_topk_layers) if skip_topk_layers else None,
     )
     allocator = PagedTokenToKVPoolAllocator(
-        size, page_size, torch.int64, "cpu", pool, False
+        size, page_size, torch.int64, device, pool, False
     )
     params = CacheInitParams(
         disable=False,

@@ -197,3 +197,26 @@ def test_plain_patch_and_quilt_give_the_same_tree(sandbox):
         assert proc.returncode == 0, proc.stderr
         for rel in changed:
             assert (tree / rel).read_bytes() == (src / rel).read_bytes(), (tool, rel)
+
+
+def test_make_pr_rewrites_to_upstream_layout(sandbox):
+    tmp, env = sandbox
+    proc = run_script("make_pr.py", "hicache-rank-shard", env=env)
+    assert proc.returncode == 0, proc.stderr
+    out = tmp / "build" / "pr" / "hicache-rank-shard"
+    patches = sorted(out.glob("*.patch"))
+    assert len(patches) == len(
+        [
+            e
+            for e in series_entries(tmp / "patches")
+            if e.startswith("hicache-rank-shard/")
+        ]
+    )
+    for p in patches:
+        text = p.read_text()
+        assert "diff --git a/python/sglang/" in text
+        assert "\n--- a/sglang/" not in text and "Remove-When:" not in text
+    assert "## Motivation" in (out / "PR.md").read_text()
+    assert list((out / "tests" / "test" / "registered").rglob("test_*.py"))
+    proc = run_script("make_pr.py", "no-such-feature", env=env)
+    assert proc.returncode == 2 and "groups: hicache-rank-shard" in proc.stderr

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One device-tool call: install the carried wheels (.gpu/whl: sglang's small
+# deps for Python 3.12; .gpu/dist: the patched cp312 sglang wheel), put the
+# test-only sgl_kernel stand-in first, run every mode of gpu_tp_run.py and
+# leave one JSON per mode in $OUT. Prepare .gpu with gpu_bundle.sh.
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+  --target .gpu/site .gpu/whl/*.whl .gpu/dist/*.whl || exit 1
+export PYTHONPATH=$PWD/tests/standins/gpu:$PWD/.gpu/site
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+nvidia-smi topo -m | head -4
+python3 -c "import torch, sglang; print('torch', torch.__version__, 'gpus', torch.cuda.device_count(), 'sglang', sglang.__version__)" || exit 1
+B=benchmark/hicache_rank_shard/gpu_tp_run.py
+python3 $B --mode sharded --tokens 4096 --layers 5 --iters 2 --out $OUT/smoke.json --timeout 200 || exit 1
+for mode in replicated sharded copy_only; do
+  python3 $B --mode $mode --iters ${ITERS:-10} --out $OUT/$mode.json --timeout 300
+done
+python3 $B --mode gate --gate-iters ${GATE_ITERS:-2000} --out $OUT/gate.json --timeout 240
+[ -n "${NOGATE:-}" ] && python3 $B --mode gate --no-gate --gate-iters ${GATE_ITERS:-2000} --out $OUT/nogate.json --timeout 120

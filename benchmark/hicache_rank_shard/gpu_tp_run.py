@@ -1,0 +1,259 @@
+"""Rank-sharded HiCache load-back on GPUs through the patched code path.
+
+One process per GPU (TP = number of GPUs), NCCL world group; each rank builds
+a DeepSeek-V3.2-shaped DSA stack (61 layers, FP8 latent 656 B + indexer 132 B
+per token per layer) through upstream's ``_DsaStrategy.build`` on CUDA with
+real pinned host memory, backs up a prefix and loads it back many times
+through ``HiCacheController.start_loading``; every restore is checked bit for
+bit on every rank. Modes, each a separate launch (the flag is read at build):
+
+* ``replicated``: flag off, every rank copies every layer (upstream);
+* ``sharded``: SGLANG_ENABLE_HICACHE_RANK_SHARD=1 (VERIFY_EVERY=1);
+* ``copy_only``: sharded with the exchange skipped (owned-share copy time);
+* ``gate``: sharded load-backs interleaved with TP all-reduces standing in
+  for the forward's collectives, waiting through the real
+  ``LayerDoneCounter.set_consumer`` gate (``--no-gate`` removes it).
+
+Needs the patched sglang wheel and, without sgl-kernel, the test-only
+``tests/standins/gpu`` package first on PYTHONPATH. Writes one JSON per mode;
+``bench_rank_shard.py --gpu-results DIR`` turns them into the table and plot.
+
+    python benchmark/hicache_rank_shard/gpu_tp_run.py --mode sharded --out out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+
+LAYERS = 61
+ROW = 656  # FP8 DSA latent bytes per token per layer
+
+
+def _extra():
+    from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
+
+    return [PoolTransfer(name=PoolName.INDEXER, indices_from_pool=PoolName.KV)]
+
+
+def _elapsed_ms(ack) -> float:
+    return (
+        ack.start_event.elapsed_time(ack.finish_event) if ack.timing_enabled else -1.0
+    )
+
+
+def worker(rank: int, world: int, args: dict) -> dict:
+    from harness.dsa_stack import build_dsa_stack
+
+    cuda = args["device"] == "cuda"
+    device = f"cuda:{rank}" if cuda else "cpu"
+    if cuda:
+        torch.cuda.set_device(rank)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    tokens = args["tokens"]
+    stack = build_dsa_stack(
+        rank,
+        world,
+        layer_num=args["layers"],
+        skip_topk_layers=None,
+        size=tokens + 4096,
+        page_size=64,
+        kv_dtype=torch.float8_e4m3fn,
+        kv_cache_dim=ROW,
+        device=device,
+        server_args_overrides=dict(hicache_ratio=1.1),
+    )
+    pool, alloc, cc = stack.device_pool, stack.allocator, stack.controller
+    fwd = torch.cuda.current_stream() if cuda else torch.cpu.current_stream()
+    cc.load_fence_stream = fwd
+    shard = getattr(cc, "rank_shard", None)
+    if args["mode"] == "copy_only":
+
+        def no_exchange(layer_id, transfers, on_layer_done=None):
+            if on_layer_done is not None:
+                on_layer_done(layer_id)
+
+        shard.exchange.exchange_layer = no_exchange
+    gen = torch.Generator(device=device).manual_seed(1234)
+    live = list(range(args["layers"]))
+    for buf in list(pool.kv_buffer) + [pool.index_k_with_scale_buffer[i] for i in live]:
+        buf.view(torch.uint8).copy_(
+            torch.randint(
+                0, 256, buf.shape, generator=gen, device=device, dtype=torch.uint8
+            )
+        )
+    out = dict(
+        rank=rank,
+        world=world,
+        mode=args["mode"],
+        sharded=shard is not None,
+        tokens=tokens,
+        kv_host_layers=list(stack.kv_host._target_layer_indices),
+        host_capacity_tokens=stack.kv_host.size,
+        host_bytes=stack.kv_host.kv_buffer.numel()
+        + stack.indexer_host.index_k_with_scale_buffer.numel(),
+    )
+    ps = stack.page_size
+    if args["mode"] == "gate":
+        return _gate_loop(stack, args, out, device)
+
+    dev = alloc.alloc(tokens)
+    pages = dev[::ps] // ps
+    ref_kv = [b[dev].clone() for b in pool.kv_buffer]
+    ref_ix = [pool.index_k_with_scale_buffer[i][pages].clone() for i in live]
+    sync()
+    t0 = time.perf_counter()
+    host = cc.write(dev, node_id=1, extra_pools=_extra())
+    sync()
+    out["d2h_wall_ms"] = (time.perf_counter() - t0) * 1e3
+    out["d2h_event_ms"] = _elapsed_ms(cc.ack_write_queue[-1])
+    alloc.free(dev)
+    loads, mismatches = [], 0
+    for it in range(args["iters"]):
+        for b in pool.kv_buffer:
+            b.view(torch.uint8).zero_()
+        for i in live:
+            pool.index_k_with_scale_buffer[i].view(torch.uint8).zero_()
+        sync()
+        if world > 1:
+            torch.distributed.barrier()
+        t0 = time.perf_counter()
+        d = cc.load(host, node_id=1, extra_pools=_extra())
+        cc.start_loading()
+        sync()
+        wall = (time.perf_counter() - t0) * 1e3
+        loads.append((wall, _elapsed_ms(cc.ack_load_queue[-1])))
+        p = d[::ps] // ps
+        ok = all(
+            torch.equal(pool.kv_buffer[l][d], ref_kv[l]) for l in range(len(ref_kv))
+        )
+        ok &= all(
+            torch.equal(pool.index_k_with_scale_buffer[i][p], ref_ix[j])
+            for j, i in enumerate(live)
+        )
+        mismatches += 0 if ok else 1
+        alloc.free(d)
+        cc.ack_load_queue.clear()
+    out["load_wall_ms"] = [w for w, _ in loads]
+    out["load_event_ms"] = [e for _, e in loads]
+    out["restore_mismatches"] = mismatches
+    if shard is not None:
+        out["bytes_sent"] = shard.exchange.bytes_sent
+        out["bytes_received"] = shard.exchange.bytes_received
+    return out
+
+
+def _gate_loop(stack, args, out, device) -> dict:
+    """Sharded load-backs interleaved with all-reduces on the TP communicator."""
+    import torch.distributed as dist
+
+    pool, alloc, cc = stack.device_pool, stack.allocator, stack.controller
+    if args["no_gate"]:
+        cc.layer_done_counter.rank_shard_gate = None
+    small = 64 * 32
+    dev = alloc.alloc(small)
+    host = cc.write(dev, node_id=1, extra_pools=_extra())
+    ref = [b[dev].clone() for b in pool.kv_buffer]
+    alloc.free(dev)
+    x = torch.ones(1 << 20, device=device)
+    bad_sum = bad_restore = 0
+    t0 = time.perf_counter()
+    for it in range(args["gate_iters"]):
+        d = cc.load(host, node_id=1, extra_pools=_extra())
+        cc.start_loading()
+        cc.layer_done_counter.set_consumer(-1)  # the forward's gate
+        x.fill_(1.0)
+        dist.all_reduce(x)  # forward collective on the TP communicator
+        if it % 50 == 0:
+            bad_sum += int(x[0].item() != float(out["world"]))
+            bad_restore += int(
+                not all(
+                    torch.equal(pool.kv_buffer[l][d], ref[l]) for l in range(len(ref))
+                )
+            )
+        alloc.free(d)
+        cc.ack_load_queue.clear()
+    torch.cuda.synchronize()
+    out.update(
+        gate=not args["no_gate"],
+        gate_iters=args["gate_iters"],
+        gate_seconds=time.perf_counter() - t0,
+        gate_bad_allreduce=bad_sum,
+        gate_bad_restore=bad_restore,
+    )
+    return out
+
+
+def main():
+    from harness.multiproc import run_ranks
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", choices=["replicated", "sharded", "copy_only", "gate"])
+    ap.add_argument("--tokens", type=int, default=100_000 // 64 * 64)
+    ap.add_argument("--layers", type=int, default=LAYERS)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--gate-iters", type=int, default=2000)
+    ap.add_argument("--no-gate", action="store_true")
+    ap.add_argument("--world", type=int, default=0, help="default: all GPUs")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--timeout", type=float, default=400)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    world = a.world or (torch.cuda.device_count() if a.device == "cuda" else 2)
+    env = {"SGLANG_ENABLE_HICACHE_RANK_SHARD": "0" if a.mode == "replicated" else "1"}
+    if a.mode != "replicated":
+        env["SGLANG_HICACHE_RANK_SHARD_VERIFY_EVERY"] = "1"
+    args = dict(
+        mode=a.mode,
+        tokens=a.tokens,
+        layers=a.layers,
+        iters=a.iters,
+        gate_iters=a.gate_iters,
+        no_gate=a.no_gate,
+        device=a.device,
+    )
+    t0 = time.perf_counter()
+    try:
+        results = run_ranks(
+            worker,
+            world,
+            args,
+            timeout=a.timeout,
+            backend="nccl" if a.device == "cuda" else "gloo",
+            env=env,
+        )
+        status = "ok"
+    except Exception as e:  # a hang (timeout) or a failure is a result too
+        results, status = [], f"{type(e).__name__}: {str(e)[-1500:]}"
+    record = dict(
+        args=dict(vars(a), out=Path(a.out).name),
+        status=status,
+        seconds=time.perf_counter() - t0,
+        gpu=torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu",
+        nccl_nvls_enable=os.environ.get("NCCL_NVLS_ENABLE"),
+        results=results,
+    )
+    Path(a.out).write_text(json.dumps(record, indent=1))
+    print(a.mode, status, f"{record['seconds']:.1f}s")
+    for r in results:
+        keys = (
+            "rank",
+            "sharded",
+            "restore_mismatches",
+            "d2h_event_ms",
+            "gate_bad_allreduce",
+        )
+        print({k: r.get(k) for k in keys}, "load ms:", r.get("load_event_ms", [])[:5])
+
+
+if __name__ == "__main__":
+    main()

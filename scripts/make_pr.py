@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Extract one feature group of the series as an upstream PR.
+
+    python scripts/make_pr.py hicache-rank-shard     # make pr FEATURE=hicache-rank-shard
+
+Writes build/pr/<feature>/:
+  * NNNN-*.patch: the group's patches in upstream's repository layout
+    (``python/sglang/...``), git-am-able, without this series' own
+    Upstream-Status / Remove-When fields;
+  * tests/: the feature's registered tests (files under tests/registered whose
+    module docstring or name mentions the feature's test prefix, see
+    FEATURE_TESTS) laid out as upstream's ``test/registered/...``;
+  * PR.md: a description in upstream's PR template built from the headers.
+The rewritten patches are checked with ``git apply --check`` against the
+pristine wheel laid out under ``python/``.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (  # noqa: E402
+    BUILD,
+    PATCHES,
+    ROOT,
+    ToolError,
+    git_env,
+    read_series,
+    run_main,
+)
+
+import upstream  # noqa: E402
+
+# Registered test files of each feature (globs under tests/registered).
+FEATURE_TESTS = {
+    "hicache-rank-shard": [
+        "**/test_hicache_rank_shard*.py",
+        "**/test_l2_transfer_load_layer.py",
+    ],
+    "cache-aware-routing": ["**/test_*cache_aware*.py", "**/test_*prefix_digest*.py"],
+    "decode-hicache": ["**/test_*decode_hicache*.py"],
+}
+_DROP_FIELDS = re.compile(r"(?m)^(Upstream-Status|Remove-When):.*\n(?:[ \t]+.*\n)*")
+
+
+def to_upstream_layout(text: str) -> str:
+    text = _DROP_FIELDS.sub("", text)
+    text = re.sub(
+        r"(?m)^(diff --git a/)sglang/(\S+) b/sglang/",
+        r"\1python/sglang/\2 b/python/sglang/",
+        text,
+    )
+    text = re.sub(r"(?m)^(---|\+\+\+) ([ab])/sglang/", r"\1 \2/python/sglang/", text)
+    return text
+
+
+def _section(body: str, name: str) -> str:
+    m = re.search(rf"(?ms)^{name}:\s*(.*?)(?=^\w[\w-]*:\s|\Z)", body)
+    return m.group(1).strip() if m else ""
+
+
+def make_pr(feature: str) -> Path:
+    entries = [e for e in read_series() if e.startswith(feature + "/")]
+    if not entries:
+        groups = sorted({e.split("/")[0] for e in read_series()})
+        raise ToolError(
+            f"no patches for feature {feature!r}; groups: {', '.join(groups)}"
+        )
+    out = BUILD / "pr" / feature
+    if out.exists():
+        shutil.rmtree(out)
+    (out / "tests").mkdir(parents=True)
+    motivation, modifications = [], []
+    for name in entries:
+        text = to_upstream_layout((PATCHES / name).read_text())
+        (out / Path(name).name).write_text(text)
+        head, _, _ = text.partition("\ndiff --git ")
+        subject = re.search(r"(?m)^Subject: \[PATCH\] (.*(?:\n .*)*)", head).group(1)
+        subject = " ".join(subject.split())
+        body = head.split("\n\n", 1)[1] if "\n\n" in head else ""
+        motivation.append(f"- {subject}: {' '.join(_section(body, 'Why').split())}")
+        modifications.append(f"- {subject}: {' '.join(_section(body, 'How').split())}")
+    tests = []
+    for pattern in FEATURE_TESTS.get(feature, []):
+        for path in sorted((ROOT / "tests" / "registered").glob(pattern)):
+            rel = path.relative_to(ROOT / "tests" / "registered")
+            dest = out / "tests" / "test" / "registered" / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, dest)
+            tests.append(f"test/registered/{rel}")
+    support = out / "tests" / "support"
+    for helper in ("harness", "standins"):
+        shutil.copytree(
+            ROOT / "tests" / helper,
+            support / helper,
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
+    (out / "PR.md").write_text(
+        "## Motivation\n\n" + "\n".join(motivation) + "\n\n"
+        "## Modifications\n\n" + "\n".join(modifications) + "\n\n"
+        "## Accuracy Tests\n\n" + "\n".join(f"- `{t}`" for t in tests) + "\n\n"
+        "The tests use this series' CPU harness and test-only stand-ins "
+        "(tests/support/: `harness`, `standins`); upstreaming moves them under "
+        "`python/sglang/test/`.\n\n"
+        "## Benchmark & Profiling\n\nSee the series README (benchmark/ results).\n\n"
+        "## Checklist\n\n- [x] Format your code with pre-commit\n- [x] Add unit tests\n"
+    )
+    _check(out, entries)
+    print(f"wrote {out} ({len(entries)} patches, {len(tests)} test files)")
+    return out
+
+
+def _check(out: Path, entries: list[str]) -> None:
+    """git apply --check the rewritten series on the pristine wheel under python/."""
+    _, pristine = upstream.prepare()
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = Path(tmp)
+        shutil.copytree(pristine / "sglang", repo / "python" / "sglang", symlinks=True)
+        for name in read_series():
+            if name in entries:
+                break
+            patch = to_upstream_layout((PATCHES / name).read_text())
+            _apply(repo, patch, name, check_only=False)
+        for name in entries:
+            _apply(repo, (out / Path(name).name).read_text(), name, check_only=False)
+
+
+def _apply(repo: Path, patch: str, name: str, check_only: bool) -> None:
+    args = (
+        ["git", "apply", "--whitespace=nowarn"]
+        + (["--check"] if check_only else [])
+        + ["-"]
+    )
+    proc = subprocess.run(
+        args, cwd=repo, input=patch, capture_output=True, text=True, env=git_env()
+    )
+    if proc.returncode != 0:
+        raise ToolError(f"{name} does not apply in the upstream layout:\n{proc.stderr}")
+
+
+def main() -> None:
+    if len(sys.argv) != 2:
+        raise ToolError("usage: make_pr.py <feature group>")
+    make_pr(sys.argv[1])
+
+
+if __name__ == "__main__":
+    run_main(main)
