@@ -129,9 +129,10 @@ def worker(rank: int, world: int, args: dict) -> dict:
         t0 = time.perf_counter()
         d = cc.load(host, node_id=1, extra_pools=_extra())
         cc.start_loading()
+        submit = (time.perf_counter() - t0) * 1e3  # CPU time to issue the load
         sync()
         wall = (time.perf_counter() - t0) * 1e3
-        loads.append((wall, _elapsed_ms(cc.ack_load_queue[-1])))
+        loads.append((wall, _elapsed_ms(cc.ack_load_queue[-1]), submit))
         p = d[::ps] // ps
         ok = all(
             torch.equal(pool.kv_buffer[l][d], ref_kv[l]) for l in range(len(ref_kv))
@@ -143,8 +144,9 @@ def worker(rank: int, world: int, args: dict) -> dict:
         mismatches += 0 if ok else 1
         alloc.free(d)
         cc.ack_load_queue.clear()
-    out["load_wall_ms"] = [w for w, _ in loads]
-    out["load_event_ms"] = [e for _, e in loads]
+    out["load_wall_ms"] = [w for w, _, _ in loads]
+    out["load_event_ms"] = [e for _, e, _ in loads]
+    out["load_submit_ms"] = [s for _, _, s in loads]
     out["restore_mismatches"] = mismatches
     if shard is not None:
         out["bytes_sent"] = shard.exchange.bytes_sent
@@ -206,12 +208,15 @@ def main():
     ap.add_argument("--world", type=int, default=0, help="default: all GPUs")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--timeout", type=float, default=400)
+    ap.add_argument("--staging-mb", type=int, default=0, help="0: the default")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     world = a.world or (torch.cuda.device_count() if a.device == "cuda" else 2)
     env = {"SGLANG_ENABLE_HICACHE_RANK_SHARD": "0" if a.mode == "replicated" else "1"}
     if a.mode != "replicated":
         env["SGLANG_HICACHE_RANK_SHARD_VERIFY_EVERY"] = "1"
+    if a.staging_mb:
+        env["SGLANG_HICACHE_RANK_SHARD_STAGING_MB"] = str(a.staging_mb)
     args = dict(
         mode=a.mode,
         tokens=a.tokens,
@@ -253,6 +258,7 @@ def main():
             "gate_bad_allreduce",
         )
         print({k: r.get(k) for k in keys}, "load ms:", r.get("load_event_ms", [])[:5])
+        print("   submit ms:", [round(x, 1) for x in r.get("load_submit_ms", [])[:5]])
 
 
 if __name__ == "__main__":
