@@ -158,6 +158,13 @@ def gpu_tables(root: Path) -> list[dict]:
                         x for r in rec["results"] for x in r["load_event_ms"][1:]
                     ),
                     d2h_ms=statistics.median(r["d2h_event_ms"] for r in rec["results"]),
+                    submit_ms=(
+                        statistics.median(
+                            x for r in rec["results"] for x in r["load_submit_ms"][1:]
+                        )
+                        if "load_submit_ms" in r0
+                        else None
+                    ),
                     mismatches=sum(r["restore_mismatches"] for r in rec["results"]),
                     world=r0["world"],
                     gpu=rec["gpu"],
@@ -186,6 +193,7 @@ def gpu_tables(root: Path) -> list[dict]:
                         else None
                     ),
                     d2h_ratio=sh["d2h_ms"] / rep["d2h_ms"],
+                    sharded_submit_ms=sh["submit_ms"],
                     sharded_mismatches=sh["mismatches"],
                     gate=modes.get("gate"),
                     nogate=modes.get("nogate"),
@@ -238,7 +246,8 @@ def main():
             print(
                 f"{g['run']:<22} {g['tp']:>2} {g['replicated_load_ms']:>13.1f} "
                 f"{g['sharded_load_ms']:>10.1f} {g['load_ratio']:>6.3f} {co:>9} "
-                f"{g['d2h_ratio']:>9.3f} {g['sharded_mismatches']:>8}"
+                f"{g['d2h_ratio']:>9.3f} {g['sharded_mismatches']:>8} "
+                f"{g['sharded_submit_ms'] or float('nan'):>13.1f}"
             )
     args.out.mkdir(parents=True, exist_ok=True)
     try:

@@ -10,7 +10,6 @@ broadcast time for DSA-shaped layers (78.8 MB = 100K tokens x 788 B) and GB/s.
 
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
