@@ -100,12 +100,9 @@ def _cpu_timing(rank, world, args):
     cc.load_fence_stream = torch.cpu.current_stream()
     shard = getattr(cc, "rank_shard", None)
     if args["mode"] == "copy_only":
+        from harness.rank_shard_scenarios import disable_exchange
 
-        def no_exchange(layer_id, transfers, on_layer_done=None):
-            if on_layer_done is not None:
-                on_layer_done(layer_id)
-
-        shard.exchange.exchange_layer = no_exchange
+        disable_exchange(cc)
     from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
 
     extra = [PoolTransfer(name=PoolName.INDEXER, indices_from_pool=PoolName.KV)]

@@ -77,12 +77,9 @@ def worker(rank: int, world: int, args: dict) -> dict:
     cc.load_fence_stream = fwd
     shard = getattr(cc, "rank_shard", None)
     if args["mode"] == "copy_only":
+        from harness.rank_shard_scenarios import disable_exchange
 
-        def no_exchange(layer_id, transfers, on_layer_done=None):
-            if on_layer_done is not None:
-                on_layer_done(layer_id)
-
-        shard.exchange.exchange_layer = no_exchange
+        disable_exchange(cc)
     gen = torch.Generator(device=device).manual_seed(1234)
     live = list(range(args["layers"]))
     for buf in list(pool.kv_buffer) + [pool.index_k_with_scale_buffer[i] for i in live]:

@@ -32,6 +32,16 @@ def _count_group_creation() -> list:
     return calls
 
 
+def disable_exchange(cc) -> None:
+    """Negative control: load events fire, but no layer is broadcast."""
+
+    def no_exchange(layer_id, transfers, on_layer_done=None):
+        if on_layer_done is not None:
+            on_layer_done(layer_id)
+
+    cc.rank_shard.exchange.exchange_layer = no_exchange
+
+
 def _extra():
     from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
 
@@ -73,12 +83,7 @@ def sharded_roundtrip(
     cc.load_fence_stream = torch.cpu.current_stream()
     shard = getattr(cc, "rank_shard", None)
     if skip_exchange and shard is not None:
-
-        def no_exchange(layer_id, transfers, on_layer_done=None):
-            if on_layer_done is not None:
-                on_layer_done(layer_id)
-
-        shard.exchange.exchange_layer = no_exchange
+        disable_exchange(cc)
     ps = stack.page_size
     live_ix = [i for i, s in enumerate(skip) if not s]
 
