@@ -294,22 +294,22 @@ def _new_name(group: str, subject: str, taken: list[str]) -> str:
     return f"{group}/{max(numbers, default=0) + 1:04d}-{_slug(subject)}.patch"
 
 
-def _insert_series(lines: list[str], group: str, name: str) -> list[str]:
-    last = None
-    for i, line in enumerate(lines):
-        entry = line.split("#", 1)[0].strip()
-        if entry and entry.split()[0].startswith(group + "/"):
-            last = i
-    if last is None:  # a group announced by its comment block but still empty
-        for i, line in enumerate(lines):
-            if line.startswith(f"# == {group}:") or line == f"# == {group} ==":
-                last = i
-                while last + 1 < len(lines) and lines[last + 1].startswith("#"):
-                    last += 1
-                break
-    if last is None:
-        return lines + ["", f"# == {group} ==", name]
-    return lines[: last + 1] + [name] + lines[last + 1 :]
+def _append_series(lines: list[str], group: str, name: str) -> list[str]:
+    """Append a new patch at the end of the series (commits map to entries by
+    position, so a new commit at the top of build/src is the last entry); open
+    a comment block for its group unless the series already ends in it."""
+    entries = [l.split("#", 1)[0].strip() for l in lines]
+    entries = [e.split()[0] for e in entries if e]
+    if entries and entries[-1].startswith(group + "/"):
+        return lines + [name]
+    tail = []
+    for line in reversed(lines):
+        if line.split("#", 1)[0].strip():
+            break
+        tail.append(line)
+    if any(l.startswith(f"# == {group}:") or l == f"# == {group} ==" for l in tail):
+        return lines + [name]
+    return lines + ["", f"# == {group} ==", name]
 
 
 def refresh(group: str | None = None) -> list[str]:
@@ -339,7 +339,7 @@ def refresh(group: str | None = None) -> list[str]:
             grp = group or (names[-1].split("/")[0] if names else "misc")
             name = _new_name(grp, subject, names)
             names.append(name)
-            lines = _insert_series(lines, grp, name)
+            lines = _append_series(lines, grp, name)
         path = PATCHES / names[i]
         text = export_commit(SRC, commit)
         if not path.is_file() or path.read_text() != text:
