@@ -40,6 +40,13 @@ def git_env() -> dict:
         GIT_COMMITTER_DATE=PATCH_DATE,
         LC_ALL="C",
         TZ="UTC",
+        # No background auto-gc: it repacks .git/objects while apply moves or
+        # removes the tree (FileNotFoundError on an object directory).
+        GIT_CONFIG_COUNT="2",
+        GIT_CONFIG_KEY_0="gc.auto",
+        GIT_CONFIG_VALUE_0="0",
+        GIT_CONFIG_KEY_1="maintenance.auto",
+        GIT_CONFIG_VALUE_1="false",
     )
     return env
 
