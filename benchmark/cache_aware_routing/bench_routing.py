@@ -1,0 +1,574 @@
+"""Trace-driven simulation of DP routing policies over real radix trees.
+
+Every DP rank owns a real ``UnifiedRadixCache`` (Rust tree core, CPU KV pool)
+with a real HiCache host tier (write-back; CPU stand-ins for pinned memory and
+the two direct copy ops), sized so that both tiers evict. Seeded generators
+produce two workloads:
+
+* ``multiturn``: conversations whose every turn resends the whole history plus
+  a new user message (the previous answer is cached with the turn);
+* ``sysprompt``: requests sharing one of a few long system prompts, each with a
+  unique question.
+
+For each DP size and workload the same trace is routed by every policy, side
+by side in one run:
+
+* ``round_robin``, ``total_requests``, ``total_tokens``: upstream's methods;
+* ``cache_aware``: ours (``CacheAwareRouter`` fed by ``PrefixDigestTracker``
+  digests published every 100 ms of simulated time, default chunk size and
+  ``--dp-routing-max-extra-reqs``);
+* ``smg``: SGLang Model Gateway's ``cache_aware`` policy with its Python
+  RouterArgs defaults (cache_threshold 0.3, balance_abs_threshold 64,
+  balance_rel_threshold 1.5): a per-worker approximate tree of what it routed
+  there (tokens instead of characters), never told about evictions;
+* ``dynamo``: Dynamo's KV-router cost (docs/components/router/router-concepts):
+  ``cost = adjusted_prefill + active_decode`` with
+  ``adjusted_prefill = max(active_prefill + prompt - overlap, 0)`` in blocks
+  (``active_prefill``: prefill work still queued on the rank; ``active_decode``:
+  KV blocks of its requests in flight), overlap from an exact per-block index
+  of the KV events, host blocks weighted 0.75, temperature 0.
+
+Served requests: the rank matches its tree (GPU and host hits), computes the
+rest, and inserts prompt plus answer. Each rank is a FIFO server; the modeled
+time to first token is queueing plus ``uncached / PREFILL_TPS + host_hit /
+LOAD_TPS + OVERHEAD_S``. Load seen by the policies is the rank's requests and
+tokens still in service at the arrival time. Reported per policy: GPU and host
+prefix hit rate, prefill tokens computed, load imbalance (max/mean busy time),
+mean and p90 modeled TTFT, controller time per request; ratios are against
+``round_robin`` of the same run.
+
+Run: ``python benchmark/cache_aware_routing/bench_routing.py [--quick]`` with
+the patched sglang importable (PYTHONPATH) and ``tests`` on the path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import time
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+PAGE = 16
+PREFILL_TPS = 20000.0  # prefill tokens per second per rank
+LOAD_TPS = 200000.0  # host-to-device load-back, tokens per second
+OVERHEAD_S = 0.005
+DECODE_S = 0.3  # a request stays "running" (load) this long after prefill
+PUBLISH_S = 0.1
+
+
+# ---------------------------------------------------------------------------
+# Workloads
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Request:
+    rid: int
+    arrival: float
+    prompt: list
+    answer: list
+
+
+def _tokens(rng, n):
+    return [rng.randrange(1, 32000) for _ in range(n)]
+
+
+def multiturn(rng, n_req, n_conv):
+    convs = [
+        {"hist": _tokens(rng, rng.randrange(200, 800)), "turns": 0}
+        for _ in range(n_conv)
+    ]
+    out = []
+    active = list(range(n_conv))
+    for i in range(n_req):
+        c = convs[rng.choice(active)]
+        prompt = c["hist"] + _tokens(rng, rng.randrange(30, 200))
+        answer = _tokens(rng, rng.randrange(50, 300))
+        c["hist"] = prompt + answer
+        c["turns"] += 1
+        out.append(Request(i, 0.0, prompt, answer))
+        if c["turns"] > 12:  # finished: replace by a new conversation
+            c["hist"], c["turns"] = _tokens(rng, rng.randrange(200, 800)), 0
+    return out
+
+
+def sysprompt(rng, n_req, n_prompts):
+    prompts = [_tokens(rng, rng.randrange(1000, 3000)) for _ in range(n_prompts)]
+    weights = [1.0 / (k + 1) for k in range(n_prompts)]  # Zipf-like popularity
+    out = []
+    for i in range(n_req):
+        p = rng.choices(prompts, weights)[0]
+        out.append(
+            Request(i, 0.0, p + _tokens(rng, rng.randrange(20, 200)), _tokens(rng, 64))
+        )
+    return out
+
+
+def with_arrivals(rng, reqs, dp, utilization):
+    mean_service = sum(len(r.prompt) for r in reqs) / len(reqs) / PREFILL_TPS
+    rate = utilization * dp / (mean_service + OVERHEAD_S)
+    t = 0.0
+    for r in reqs:
+        t += rng.expovariate(rate)
+        r.arrival = t
+    return reqs
+
+
+# ---------------------------------------------------------------------------
+# Ranks: real trees
+# ---------------------------------------------------------------------------
+
+
+class Rank:
+    def __init__(self, kv_tokens, host_ratio):
+        from harness.radix_trees import build_tree, enable_hicache
+
+        self.tree = build_tree(PAGE, "rust", kv_size=kv_tokens)
+        enable_hicache(self.tree, hicache_size=0, hicache_ratio=host_ratio)
+        self.tree.cache.take_events()
+        self.free_at = 0.0
+        self.busy = 0.0
+        self.inflight = []  # (finish_time, tokens)
+
+    def load(self, now):
+        self.inflight = [(f, n) for f, n in self.inflight if f > now]
+        return len(self.inflight), sum(n for _, n in self.inflight)
+
+    def serve(self, req, now):
+        from harness.radix_trees import insert, match
+
+        m = match(self.tree, req.prompt)
+        gpu = m.device_prefix_len
+        host = m.host_hit_length
+        uncached = len(req.prompt) - gpu - host
+        insert(self.tree, req.prompt + req.answer)
+        service = uncached / PREFILL_TPS + host / LOAD_TPS + OVERHEAD_S
+        start = max(now, self.free_at)
+        self.free_at = start + service
+        self.busy += service
+        self.inflight.append((self.free_at + DECODE_S, len(req.prompt)))
+        return gpu, host, uncached, self.free_at - now
+
+
+# ---------------------------------------------------------------------------
+# Policies
+# ---------------------------------------------------------------------------
+
+
+class Budget:
+    """DPBudget's fields, refreshed from the ranks' loads at every arrival."""
+
+    def __init__(self, dp):
+        self.total_requests = [0] * dp
+        self.total_tokens = [0] * dp
+
+
+class Policy:
+    name = ""
+
+    def __init__(self, ranks):
+        self.ranks = ranks
+        self.dp = len(ranks)
+        self.budget = Budget(self.dp)
+
+    def refresh(self, now):
+        for i, r in enumerate(self.ranks):
+            self.budget.total_requests[i], self.budget.total_tokens[i] = r.load(now)
+
+    def on_events(self, rank, events, now):
+        pass
+
+    def choose(self, req, now):
+        raise NotImplementedError
+
+
+class RoundRobin(Policy):
+    name = "round_robin"
+
+    def __init__(self, ranks):
+        super().__init__(ranks)
+        self.i = 0
+
+    def choose(self, req, now):
+        self.i += 1
+        return (self.i - 1) % self.dp
+
+
+class TotalRequests(Policy):
+    name = "total_requests"
+
+    def choose(self, req, now):
+        reqs = self.budget.total_requests
+        return reqs.index(min(reqs))
+
+
+class TotalTokens(Policy):
+    name = "total_tokens"
+
+    def choose(self, req, now):
+        b = self.budget
+        return min(
+            range(self.dp), key=lambda i: (b.total_tokens[i], b.total_requests[i])
+        )
+
+
+class Ours(Policy):
+    name = "cache_aware"
+
+    def __init__(self, ranks, chunk=256, max_extra=16):
+        from sglang.srt.managers.cache_aware_router import CacheAwareRouter
+        from sglang.srt.managers.prefix_digest import PrefixDigestTracker
+
+        super().__init__(ranks)
+        self.now = 0.0
+        self.router = CacheAwareRouter(
+            self.dp,
+            max_extra_reqs=max_extra,
+            digest_max_age=5.0,
+            clock=lambda: self.now,
+        )
+        self.trackers = [PrefixDigestTracker(PAGE, chunk) for _ in ranks]
+        self.chunk = chunk
+        self.seq = [0] * self.dp
+        self.last_publish = -1.0
+
+    def on_events(self, rank, events, now):
+        self.trackers[rank].apply(events)
+
+    def choose(self, req, now):
+        from sglang.srt.managers.prefix_digest import CacheDigest
+
+        self.now = now
+        if now - self.last_publish >= PUBLISH_S:
+            self.last_publish = now
+            for i, (rank, tracker) in enumerate(zip(self.ranks, self.trackers)):
+                gpu, host = tracker.build()
+                self.seq[i] += 1
+                self.router.update_digest(
+                    CacheDigest(
+                        dp_rank=i,
+                        epoch=1,
+                        seq=self.seq[i],
+                        page_size=PAGE,
+                        chunk_size=self.chunk,
+                        timestamp=now,
+                        available_tokens=rank.tree.allocator.available_size()
+                        + rank.tree.cache.evictable_size(),
+                        gpu_hashes=gpu,
+                        host_hashes=host,
+                    )
+                )
+        rank, _ = self.router.select(
+            _ReqView(req.prompt), self.budget, list(range(self.dp))
+        )
+        return rank
+
+
+class _ReqView:
+    def __init__(self, prompt):
+        self.input_ids = array("q", prompt)
+        self.input_embeds = self.mm_inputs = self.session_params = None
+        self.extra_key = self.lora_id = self.lora_name = self.cache_salt = None
+
+
+def _page_keys(tokens):
+    """Chained page keys (SMG keeps characters in a radix tree; a chain of page
+    digests gives the same longest-prefix answer for token sequences)."""
+    keys, h = [], b""
+    for i in range(0, len(tokens) // PAGE * PAGE, PAGE):
+        h = hashlib.blake2b(
+            h + array("I", tokens[i : i + PAGE]).tobytes(), digest_size=8
+        ).digest()
+        keys.append(h)
+    return keys
+
+
+class SMG(Policy):
+    """SMG cache_aware (Python RouterArgs defaults)."""
+
+    name = "smg"
+    cache_threshold = 0.3
+    balance_abs = 64
+    balance_rel = 1.5
+    max_tree_size = 2**26  # pages here; effectively never evicted
+
+    def __init__(self, ranks):
+        super().__init__(ranks)
+        self.trees = [dict() for _ in ranks]
+
+    def choose(self, req, now):
+        loads = self.budget.total_requests
+        lo, hi = min(loads), max(loads)
+        keys = _page_keys(req.prompt)
+        if hi - lo > self.balance_abs and hi > self.balance_rel * lo:
+            target = loads.index(lo)
+        else:
+            best, best_len = 0, -1
+            for i, t in enumerate(self.trees):
+                n = 0
+                for k in keys:
+                    if k not in t:
+                        break
+                    n += 1
+                if n > best_len:
+                    best, best_len = i, n
+            rate = best_len / len(keys) if keys else 0.0
+            target = best if rate > self.cache_threshold else loads.index(lo)
+        tree = self.trees[target]
+        for k in keys:
+            tree[k] = now
+        if len(tree) > self.max_tree_size:
+            for k, _ in sorted(tree.items(), key=lambda kv: kv[1])[
+                : len(tree) - self.max_tree_size
+            ]:
+                del tree[k]
+        return target
+
+
+class Dynamo(Policy):
+    """Dynamo KV-router cost with an exact per-block index from KV events."""
+
+    name = "dynamo"
+    host_weight = 0.75
+
+    def __init__(self, ranks):
+        from sglang.srt.managers.prefix_digest import PrefixDigestTracker
+
+        super().__init__(ranks)
+        self.trackers = [PrefixDigestTracker(PAGE, PAGE) for _ in ranks]
+
+    def on_events(self, rank, events, now):
+        self.trackers[rank].apply(events)
+
+    def choose(self, req, now):
+        from sglang.srt.managers.prefix_digest import (
+            RequestNamespace,
+            chunk_hashes,
+            estimate_prefix_match,
+            request_page_hashes,
+        )
+
+        pages = request_page_hashes(req.prompt, PAGE, RequestNamespace())
+        chunks = chunk_hashes(pages, PAGE, PAGE)
+        blocks = len(req.prompt) / PAGE
+        best, best_cost = 0, None
+        for i, tracker in enumerate(self.trackers):
+            m = estimate_prefix_match(chunks, tracker._gpu, tracker._host)
+            overlap = (m.gpu_len + self.host_weight * m.host_len) / PAGE
+            # Prefill work still queued on the rank, and KV blocks of its
+            # running requests, both in blocks.
+            active_prefill = max(self.ranks[i].free_at - now, 0.0) * PREFILL_TPS / PAGE
+            active_decode = self.budget.total_tokens[i] / PAGE
+            adjusted = max(active_prefill + blocks - overlap, 0.0)
+            cost = adjusted + active_decode
+            if best_cost is None or cost < best_cost:
+                best, best_cost = i, cost
+        return best
+
+
+POLICIES = [RoundRobin, TotalRequests, TotalTokens, Ours, SMG, Dynamo]
+
+
+# ---------------------------------------------------------------------------
+# Simulation
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    policy: str
+    requests: int = 0
+    prompt_tokens: int = 0
+    gpu_hit: int = 0
+    host_hit: int = 0
+    computed: int = 0
+    ttft: list = field(default_factory=list)
+    busy: list = field(default_factory=list)
+    controller_s: float = 0.0
+    evicted: int = 0
+
+    def summary(self):
+        t = sorted(self.ttft)
+        mean_busy = sum(self.busy) / len(self.busy)
+        return {
+            "policy": self.policy,
+            "requests": self.requests,
+            "gpu_hit_rate": self.gpu_hit / self.prompt_tokens,
+            "host_hit_rate": self.host_hit / self.prompt_tokens,
+            "prefill_tokens": self.computed,
+            "imbalance": max(self.busy) / mean_busy if mean_busy else 1.0,
+            "ttft_mean_s": sum(t) / len(t),
+            "ttft_p90_s": t[int(0.9 * (len(t) - 1))],
+            "controller_us_per_req": 1e6 * self.controller_s / self.requests,
+            "gpu_evicted_tokens": self.evicted,
+        }
+
+
+def simulate(policy_cls, trace, dp, kv_tokens, host_ratio):
+    ranks = [Rank(kv_tokens, host_ratio) for _ in range(dp)]
+    policy = policy_cls(ranks)
+    res = Result(policy.name)
+    for req in trace:
+        now = req.arrival
+        policy.refresh(now)
+        t0 = time.perf_counter()
+        rank = policy.choose(req, now)
+        res.controller_s += time.perf_counter() - t0
+        gpu, host, uncached, ttft = ranks[rank].serve(req, now)
+        events = ranks[rank].tree.cache.take_events()
+        res.evicted += PAGE * sum(
+            len(e.block_hashes)
+            for e in events
+            if type(e).__name__ == "BlockRemoved" and e.medium == "GPU"
+        )
+        policy.on_events(rank, events, now)
+        res.requests += 1
+        res.prompt_tokens += len(req.prompt)
+        res.gpu_hit += gpu
+        res.host_hit += host
+        res.computed += uncached
+        res.ttft.append(ttft)
+    res.busy = [r.busy for r in ranks]
+    for r in ranks:
+        r.tree.cache.release_host_resources()
+    return res.summary()
+
+
+def _git_rev():
+    try:
+        return subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except Exception:
+        return "unknown"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small CI smoke run")
+    ap.add_argument("--dp", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--utilization", type=float, default=0.7)
+    ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument(
+        "--kv-tokens", type=int, default=None, help="device KV tokens per rank"
+    )
+    args = ap.parse_args()
+
+    n_req = 300 if args.quick else 2000
+    kv_tokens = args.kv_tokens or (4096 if args.quick else 8192)
+    host_ratio = 2.0
+    runs = []
+    for dp in args.dp:
+        for workload in ("multiturn", "sysprompt"):
+            rng = random.Random(args.seed * 1000 + dp)
+            if workload == "multiturn":
+                trace = multiturn(rng, n_req, n_conv=12 * dp)
+            else:
+                trace = sysprompt(rng, n_req, n_prompts=6 * dp)
+            trace = with_arrivals(rng, trace, dp, args.utilization)
+            rows = []
+            for cls in POLICIES:
+                t0 = time.perf_counter()
+                row = simulate(cls, trace, dp, kv_tokens, host_ratio)
+                row["wall_s"] = time.perf_counter() - t0
+                rows.append(row)
+            base = rows[0]
+            for row in rows:
+                for k in ("prefill_tokens", "ttft_mean_s", "ttft_p90_s"):
+                    row[k + "_vs_rr"] = row[k] / base[k] if base[k] else float("nan")
+            runs.append({"dp": dp, "workload": workload, "rows": rows})
+            _print(dp, workload, rows)
+
+    os.makedirs(args.out, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    tag = "quick" if args.quick else "full"
+    meta = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "git_revision": _git_rev(),
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+        "params": {
+            "page_size": PAGE,
+            "requests": n_req,
+            "kv_tokens_per_rank": kv_tokens,
+            "host_ratio": host_ratio,
+            "prefill_tps": PREFILL_TPS,
+            "load_tps": LOAD_TPS,
+            "utilization_target": args.utilization,
+            "seed": args.seed,
+        },
+        "runs": runs,
+    }
+    path = Path(args.out) / f"bench_routing_{tag}_{stamp}.json"
+    path.write_text(json.dumps(meta, indent=2))
+    png = path.with_suffix(".png")
+    _plot(runs, png)
+    print(f"\nwrote {path.relative_to(ROOT)} and {png.relative_to(ROOT)}")
+
+
+def _print(dp, workload, rows):
+    print(f"\nDP={dp} workload={workload}")
+    head = (
+        f"{'policy':<15}{'gpu hit':>8}{'host hit':>9}{'prefill tok':>12}{'vs rr':>7}"
+        f"{'imbal':>7}{'ttft mean':>10}{'vs rr':>7}{'ttft p90':>9}{'vs rr':>7}{'ctl us':>8}"
+        f"{'evicted':>9}"
+    )
+    print(head)
+    for r in rows:
+        print(
+            f"{r['policy']:<15}{r['gpu_hit_rate']:>8.3f}{r['host_hit_rate']:>9.3f}"
+            f"{r['prefill_tokens']:>12d}{r['prefill_tokens_vs_rr']:>7.2f}"
+            f"{r['imbalance']:>7.2f}{r['ttft_mean_s']:>10.3f}{r['ttft_mean_s_vs_rr']:>7.2f}"
+            f"{r['ttft_p90_s']:>9.3f}{r['ttft_p90_s_vs_rr']:>7.2f}"
+            f"{r['controller_us_per_req']:>8.0f}{r['gpu_evicted_tokens']:>9d}"
+        )
+
+
+def _plot(runs, png):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    labels = [f"dp{r['dp']}\n{r['workload']}" for r in runs]
+    policies = [row["policy"] for row in runs[0]["rows"]]
+    width = 0.8 / len(policies)
+    for ax, key, title in (
+        (axes[0], "gpu_hit_rate", "GPU prefix hit rate"),
+        (axes[1], "prefill_tokens_vs_rr", "prefill tokens vs round_robin"),
+        (axes[2], "ttft_mean_s_vs_rr", "modeled mean TTFT vs round_robin"),
+    ):
+        for j, p in enumerate(policies):
+            vals = [next(x for x in r["rows"] if x["policy"] == p)[key] for r in runs]
+            ax.bar([i + j * width for i in range(len(runs))], vals, width, label=p)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(runs))])
+        ax.set_xticklabels(labels)
+        ax.set_title(title)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

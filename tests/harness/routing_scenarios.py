@@ -1,0 +1,596 @@
+"""A real DataParallelController over scheduler stand-ins, for routing tests.
+
+``start_controller`` publishes ``ServerArgs`` for the ``dp_controller`` role
+and builds upstream's ``DataParallelController`` with ``scheduler_standin`` as
+its ``run_scheduler_process_func``: the controller binds its worker sockets,
+forks one stand-in per DP rank and waits for their ready messages exactly as it
+does for real schedulers. A stand-in PULLs the requests the controller pushes
+to it and reports ``(dp_rank, rid)`` to a sink socket, so a test sees where
+each request landed.
+
+With ``tree=True`` a stand-in is the scheduler side of cache-aware routing: it
+owns a real ``UnifiedRadixCache`` with KV events, the real
+``PrefixDigestPublisher``, inserts the ``input_ids`` of every request it
+receives (what a finished request leaves in the cache) and optionally a
+preloaded prompt, and publishes its digest over the real channel.
+
+``dispatch_trace`` is the flag-off scenario run by ``harness.compare`` against
+pristine upstream and the patched tree: seeded requests and seeded per-rank
+loads (written through the real load-snapshot SHM writers) are dispatched by
+the controller, and the landing rank of every request is returned.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+import time
+import uuid
+from array import array
+
+SINK_ENV = "SGLANG_TEST_ROUTING_SINK"
+TREE_ENV = "SGLANG_TEST_ROUTING_TREE"
+
+
+def _sglang_identity() -> dict:
+    import sglang
+
+    return {"version": sglang.__version__, "file": sglang.__file__}
+
+
+def scheduler_standin(
+    server_args, port_args, gpu_id, tp_rank, pp_rank, dp_rank, pipe, *display
+):
+    import zmq
+    from sglang.srt.utils.network import get_zmq_socket
+
+    ctx = zmq.Context()
+    recv = get_zmq_socket(ctx, zmq.PULL, port_args.scheduler_input_ipc_name, False)
+    sink = ctx.socket(zmq.PUSH)
+    sink.connect(os.environ[SINK_ENV])
+    tree_cfg = os.environ.get(TREE_ENV)
+    publisher = tree = None
+    if tree_cfg:
+        from sglang.srt.runtime_context import SpawnRanks, publish, spawn_world_rank
+
+        # What run_scheduler_process publishes for this rank.
+        publish(
+            server_args,
+            role="scheduler",
+            ranks=SpawnRanks(
+                world_rank=spawn_world_rank(
+                    server_args, tp_rank=tp_rank, pp_rank=pp_rank
+                ),
+                dp_rank=dp_rank,
+                gpu_id=gpu_id,
+            ),
+        )
+        publisher, tree, kv_events = _standin_cache(port_args, dp_rank, tree_cfg)
+    pipe.send(
+        {"status": "ready", "max_total_num_tokens": 4096, "max_req_input_len": 4096}
+    )
+    poller = zmq.Poller()
+    poller.register(recv, zmq.POLLIN)
+    while True:
+        if poller.poll(20):
+            req = _recv_req(recv)
+            if tree is not None and getattr(req, "input_ids", None) is not None:
+                from harness.radix_trees import insert
+
+                insert(
+                    tree,
+                    list(req.input_ids),
+                    extra_key=req.extra_key,
+                    cache_salt=req.cache_salt,
+                )
+            sink.send_pyobj((dp_rank, req.rid))
+        if publisher is not None:
+            publisher.maybe_publish(kv_events.publish_kv_events)
+
+
+def _recv_req(sock):
+    from sglang.srt.managers.io_struct import sock_recv
+
+    return sock_recv(sock)
+
+
+def _standin_cache(port_args, dp_rank, tree_cfg):
+    import json
+
+    from sglang.srt.managers.scheduler_components.kv_events_publisher import (
+        SchedulerKvEventsPublisher,
+    )
+    from sglang.srt.managers.scheduler_components.prefix_digest_publisher import (
+        create_prefix_digest_publisher,
+    )
+
+    from harness.radix_trees import build_tree, insert
+
+    cfg = json.loads(tree_cfg)
+    # Before build_tree, which publishes the tree's own ServerArgs.
+    publisher = create_prefix_digest_publisher(port_args, dp_rank)
+    assert publisher is not None, "cache_aware is not on for this stand-in"
+    tree = build_tree(cfg["page_size"], cfg.get("backend", "rust"), kv_size=4096)
+    publisher.attach(
+        tree.page_size,
+        lambda: tree.allocator.available_size() + tree.cache.evictable_size(),
+    )
+    # As the scheduler wires it: KV events off, the digest taps the drain.
+    kv_events = SchedulerKvEventsPublisher(
+        kv_events_config=None,
+        tree_cache=tree.cache,
+        send_metrics_from_scheduler=None,
+        max_running_requests=64,
+        max_total_num_tokens=4096,
+        get_stats=lambda: None,
+        event_tap=publisher.observe,
+    )
+    for tokens in cfg.get("preload", {}).get(str(dp_rank), []):
+        insert(tree, tokens)
+    return publisher, tree, kv_events
+
+
+def make_req(rid, input_ids, **kwargs):
+    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    return TokenizedGenerateReqInput(
+        rid=rid,
+        input_text=None,
+        input_ids=array("q", input_ids) if input_ids is not None else None,
+        input_embeds=kwargs.pop("input_embeds", None),
+        mm_inputs=None,
+        token_type_ids=None,
+        sampling_params=SamplingParams(),
+        return_logprob=False,
+        logprob_start_len=-1,
+        top_logprobs_num=0,
+        token_ids_logprob=None,
+        stream=False,
+        **kwargs,
+    )
+
+
+class ControllerHandle:
+    """A controller in this process, its stand-ins, and the landing sink."""
+
+    def __init__(self, controller, sink, sink_endpoint, port_args):
+        self.controller = controller
+        self.sink = sink
+        self.sink_endpoint = sink_endpoint
+        self.port_args = port_args
+
+    def dispatch(self, req, timeout=60.0):
+        """Dispatch one request through the controller; returns its rank (the
+        stand-in schedulers may still be starting on a loaded machine)."""
+        import zmq
+
+        self.controller._last_refresh_time = 0.0  # refresh before every request
+        self.controller._request_dispatcher(req)
+        if not self.sink.poll(int(timeout * 1000), zmq.POLLIN):
+            raise TimeoutError(f"request {req.rid} did not reach any DP rank")
+        rank, rid = self.sink.recv_pyobj()
+        assert rid == req.rid, (rid, req.rid)
+        return rank
+
+    def close(self):
+        for proc in self.controller.scheduler_procs:
+            proc.kill()
+            proc.join(5)
+        self.sink.close()
+        router = getattr(self.controller, "cache_aware_router", None)
+        if router is not None:
+            router.close()
+
+
+def start_controller(dp_size, *, tree=None, **server_kwargs) -> ControllerHandle:
+    import json
+    import multiprocessing
+
+    import zmq
+    from sglang.srt.arg_groups.serving_hook import handle_load_balance_method
+    from sglang.srt.managers.data_parallel_controller import DataParallelController
+    from sglang.srt.runtime_context import publish
+    from sglang.srt.server_args import PortArgs, ServerArgs
+
+    # run_ranks workers are daemonic, and the controller must fork its
+    # stand-ins; its launch threads never end, so run_ranks kills the worker
+    # once the result is in.
+    multiprocessing.current_process()._config["daemon"] = False
+    server_args = ServerArgs(model_path="dummy", dp_size=dp_size, **server_kwargs)
+
+    handle_load_balance_method(server_args)
+    port_args = PortArgs.init_new(server_args)
+    publish(server_args, role="dp_controller")
+
+    sink_endpoint = (
+        f"ipc://{tempfile.gettempdir()}/sglang_routing_sink_{uuid.uuid4().hex}.sock"
+    )
+    sink = zmq.Context.instance().socket(zmq.PULL)
+    sink.bind(sink_endpoint)
+    os.environ[SINK_ENV] = sink_endpoint
+    if tree is not None:
+        os.environ[TREE_ENV] = json.dumps(tree)
+    else:
+        os.environ.pop(TREE_ENV, None)
+    controller = DataParallelController(server_args, port_args, scheduler_standin)
+    return ControllerHandle(controller, sink, sink_endpoint, port_args)
+
+
+def write_loads(port_args, loads):
+    """Publish per-rank (running, waiting, total_tokens) through the real SHM
+    load-snapshot writers, as the DP leader schedulers do."""
+    from sglang.srt.managers.load_snapshot import (
+        LoadSnapshot,
+        create_load_snapshot_writer,
+    )
+
+    now = time.time()
+    for rank, (running, waiting, tokens) in enumerate(loads):
+        writer = create_load_snapshot_writer(port_args, len(loads), rank)
+        writer.write(
+            LoadSnapshot(
+                timestamp=now + rank * 1e-6,
+                dp_rank=rank,
+                num_running_reqs=running,
+                num_waiting_reqs=waiting,
+                num_total_tokens=tokens,
+                max_total_num_tokens=4096,
+            )
+        )
+        writer.close()
+
+
+def dispatch_trace(rank, world_size, methods=("round_robin",), **kwargs):
+    """Flag-off scenario: for each method, the landing ranks of seeded
+    requests under seeded loads."""
+    return {
+        "sglang": _sglang_identity(),
+        "runs": {m: _dispatch_trace(m, **kwargs) for m in methods},
+    }
+
+
+def _dispatch_trace(method, dp_size=3, seed=0, n=40):
+    rng = random.Random(seed)
+    handle = start_controller(dp_size, load_balance_method=method)
+    try:
+        landed = []
+        for i in range(n):
+            if i % 5 == 0:
+                write_loads(
+                    handle.port_args,
+                    [
+                        (rng.randrange(8), rng.randrange(4), rng.randrange(4000))
+                        for _ in range(dp_size)
+                    ],
+                )
+                time.sleep(0.001)
+            tokens = [rng.randrange(32000) for _ in range(rng.randrange(1, 200))]
+            req = make_req(f"r{i}", tokens, bootstrap_room=rng.randrange(1 << 30))
+            landed.append(handle.dispatch(req))
+        return {
+            "method": handle.controller.load_balance_method.name,
+            "landed": landed,
+        }
+    finally:
+        handle.close()
+
+
+# ---------------------------------------------------------------------------
+# cache_aware scenarios (patched tree only)
+# ---------------------------------------------------------------------------
+
+
+def _prompt(seed, n):
+    rng = random.Random(seed)
+    return [rng.randrange(1, 30000) for _ in range(n)]
+
+
+class _DigestSender:
+    """Crafted digests on the real channel: what a rank holding ``gpu`` and
+    ``host`` prompts would publish (its page hashes at chunk boundaries)."""
+
+    def __init__(self, handle, page_size, chunk_size):
+        import zmq
+        from sglang.srt.managers.prefix_digest import prefix_digest_endpoint
+
+        self.handle = handle
+        self.page_size = page_size
+        self.chunk_size = chunk_size
+        self.socket = zmq.Context.instance().socket(zmq.PUSH)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.connect(prefix_digest_endpoint(handle.port_args))
+        self.seq = {}
+        self.pending = {}
+        self.state = {}
+
+    def republish(self):
+        """Every rank publishes its current state again (a heartbeat), so
+        digests stay fresh however slowly the host runs the scenario."""
+        for rank, state in list(self.state.items()):
+            self.send(rank, **state)
+        self.settle()
+
+    def chunks(self, prompts, **ns):
+        from sglang.srt.managers.prefix_digest import (
+            RequestNamespace,
+            chunk_hashes,
+            request_page_hashes,
+        )
+
+        out = set()
+        for p in prompts:
+            pages = request_page_hashes(p, self.page_size, RequestNamespace.of(**ns))
+            out.update(
+                h for _, h in chunk_hashes(pages, self.page_size, self.chunk_size)
+            )
+        return out
+
+    def send(
+        self,
+        rank,
+        gpu=(),
+        host=(),
+        available=100000,
+        epoch=1,
+        seq=None,
+        remember=True,
+        **ns,
+    ):
+        from sglang.srt.managers.prefix_digest import CacheDigest, pack_hashes
+
+        if remember:
+            self.state[rank] = dict(
+                gpu=gpu, host=host, available=available, epoch=epoch, **ns
+            )
+        seq = seq if seq is not None else self.seq.get((rank, epoch), 0) + 1
+        if remember:
+            self.seq[(rank, epoch)] = seq
+        digest = CacheDigest(
+            dp_rank=rank,
+            epoch=epoch,
+            seq=seq,
+            page_size=self.page_size,
+            chunk_size=self.chunk_size,
+            timestamp=time.time(),
+            available_tokens=available,
+            gpu_hashes=pack_hashes(self.chunks(gpu, **ns)),
+            host_hashes=pack_hashes(self.chunks(host, **ns) - self.chunks(gpu, **ns)),
+        )
+        self.socket.send(digest.encode())
+        self.pending[rank] = (epoch, seq)
+
+    def settle(self, timeout=5.0):
+        """Let the controller's load refresh drain every digest sent since the
+        last settle (each rank's newest one)."""
+        router = self.handle.controller.cache_aware_router
+        want = dict(self.pending)
+        self.pending.clear()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.handle.controller._last_refresh_time = 0.0
+            self.handle.controller.refresh_load_budget()
+            seen = {
+                r: (d.epoch, d.seq)
+                for r, d in enumerate(router.digests)
+                if d is not None
+            }
+            if all(seen.get(r) == v for r, v in want.items()):
+                return True
+            time.sleep(0.005)
+        return False
+
+
+def cache_aware_cases(rank, world_size):
+    """Crafted loads and digests through the real controller dispatch path.
+
+    Returns ``{case: (landed_rank, how)}``; ``how`` is the router counter the
+    dispatch incremented."""
+    dp, page, chunk, max_extra = 4, 4, 8, 2
+    handle = start_controller(
+        dp,
+        load_balance_method="cache_aware",
+        page_size=page,
+        dp_routing_digest_chunk_size=chunk,
+        dp_routing_max_extra_reqs=max_extra,
+        dp_routing_digest_max_age=3.0,
+    )
+    sender = _DigestSender(handle, page, chunk)
+    router = handle.controller.cache_aware_router
+    out = {}
+    n = [0]
+
+    def run(case, tokens, loads=((0, 0, 0),) * dp, fresh=True, **kwargs):
+        if fresh:
+            sender.republish()
+        write_loads(handle.port_args, list(loads))
+        time.sleep(0.002)
+        before = dict(router.stats)
+        n[0] += 1
+        landed = handle.dispatch(make_req(f"{case}-{n[0]}", tokens, **kwargs))
+        how = [k for k, v in router.stats.items() if v != before.get(k, 0)]
+        out[case] = (landed, how[0] if len(how) == 1 else how)
+
+    try:
+        a, b = _prompt(1, 64), _prompt(2, 64)
+        suffix = _prompt(3, 10)
+        out["method"] = handle.controller.load_balance_method.name
+        # No digest yet: load balancing.
+        run("no_digest", a + suffix, loads=[(3, 0, 0), (1, 0, 0), (2, 0, 0), (5, 0, 0)])
+        for r in range(dp):
+            sender.send(r)
+        sender.send(2, gpu=[a])
+        sender.send(1, gpu=[b], host=[a])
+        out["settled"] = sender.settle()
+        run("best_match", a + suffix)
+        run("best_match_b", b + suffix)
+        run(
+            "no_match",
+            _prompt(9, 40),
+            loads=[(3, 0, 0), (2, 0, 0), (1, 0, 0), (4, 0, 0)],
+        )
+        # Host hits weigh less: rank 3 holds 56 tokens of `a` on GPU, rank 1
+        # all 64 on host (0.75 * 64 = 48 < 56).
+        sender.send(3, gpu=[a[:56]])
+        sender.send(2)
+        sender.send(1, gpu=[b], host=[a])
+        sender.settle()
+        run("gpu_beats_longer_host", a + suffix)
+        # ... but a long enough host match wins over a short GPU one.
+        sender.send(3, gpu=[a[:40]])
+        sender.send(1, gpu=[b], host=[a])
+        sender.settle()
+        run("host_beats_short_gpu", a + suffix)
+        sender.send(3)
+        sender.send(1, gpu=[b])
+        sender.send(2, gpu=[a])
+        sender.settle()
+        # Override: best rank 2 has exactly max_extra over the least loaded ...
+        run(
+            "extra_at_threshold",
+            a + suffix,
+            loads=[(1, 0, 0), (3, 0, 0), (1 + max_extra, 0, 0), (2, 0, 0)],
+        )
+        # ... and one more.
+        run(
+            "extra_over_threshold",
+            a + suffix,
+            loads=[(1, 0, 0), (3, 0, 0), (2 + max_extra, 0, 0), (2, 0, 0)],
+        )
+        run(
+            "extra_waiting_counts",
+            a + suffix,
+            loads=[(1, 0, 0), (3, 0, 0), (1, 2 + max_extra, 0), (2, 0, 0)],
+        )
+        # Capacity: rank 2 cannot hold the 10 uncached tokens; rank 0 holds
+        # half of `a` and has room.
+        sender.send(2, gpu=[a], available=5)
+        sender.send(0, gpu=[a[:32]], available=1000)
+        sender.settle()
+        run("capacity_next_best", a + suffix)
+        sender.send(0, available=1000)
+        sender.settle()
+        run(
+            "capacity_least_loaded",
+            a + suffix,
+            loads=[(2, 0, 0), (0, 0, 0), (2, 0, 0), (1, 0, 0)],
+        )
+        sender.send(2, gpu=[a], available=1000)
+        sender.settle()
+        # Namespaces: a salted request never matches the unsalted digest.
+        run(
+            "salted",
+            a + suffix,
+            loads=[(1, 0, 0), (0, 0, 0), (1, 0, 0), (1, 0, 0)],
+            cache_salt="tenant-x",
+        )
+        sender.send(3, gpu=[a], cache_salt="tenant-x")
+        sender.settle()
+        run("salted_own_digest", a + suffix, cache_salt="tenant-x")
+        # Requests whose controller tokens are not the tree key.
+        run(
+            "input_embeds",
+            None,
+            loads=[(2, 0, 0), (2, 0, 0), (0, 0, 0), (1, 0, 0)],
+            input_embeds=[[0.0] * 4] * 8,
+        )
+        # Tie: ranks 0 and 2 both hold `a`; the less loaded of them wins.
+        sender.send(0, gpu=[a])
+        sender.send(2, gpu=[a])
+        sender.settle()
+        run("tie", a + suffix, loads=[(2, 0, 0), (0, 0, 0), (1, 0, 0), (0, 0, 0)])
+        # Flush on rank 2 (empty digest, same epoch) and rank 0 restarted
+        # (new epoch, seq restarts): the prefix is gone.
+        sender.send(2)
+        sender.send(0, epoch=2, seq=1)
+        sender.settle()
+        run(
+            "after_flush",
+            a + suffix,
+            loads=[(0, 0, 0), (1, 0, 0), (1, 0, 0), (1, 0, 0)],
+        )
+        # An out-of-order older digest of rank 2 is ignored.
+        sender.send(2, gpu=[a], seq=1, remember=False)
+        sender.settle(timeout=0.3)
+        run(
+            "old_seq_ignored",
+            a + suffix,
+            loads=[(0, 0, 0), (1, 0, 0), (1, 0, 0), (1, 0, 0)],
+        )
+        # Stale: nothing published for longer than --dp-routing-digest-max-age.
+        sender.send(2, gpu=[a], epoch=3, seq=1)
+        sender.settle()
+        run("fresh_again", a + suffix)
+        time.sleep(3.2)
+        run(
+            "stale",
+            a + suffix,
+            loads=[(1, 0, 0), (0, 0, 0), (1, 0, 0), (1, 0, 0)],
+            fresh=False,
+        )
+        out["stats"] = dict(router.stats)
+        return out
+    finally:
+        handle.close()
+
+
+def cache_aware_end_to_end(rank, world_size, dp=3, tree_core="rust", turns=3):
+    """Scheduler stand-ins with real trees and publishers -> real channel ->
+    controller. Returns the landing ranks of each step."""
+    page, chunk = 4, 16
+    prompts = {str(r): [_prompt(100 + r, 96)] for r in range(dp)}
+    handle = start_controller(
+        dp,
+        load_balance_method="cache_aware",
+        page_size=page,
+        dp_routing_digest_chunk_size=chunk,
+        dp_routing_digest_publish_interval=0.05,
+        tree={"page_size": page, "backend": tree_core, "preload": prompts},
+    )
+    router = handle.controller.cache_aware_router
+    out = {"method": handle.controller.load_balance_method.name}
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not all(router.digests):
+            handle.controller._last_refresh_time = 0.0
+            handle.controller.refresh_load_budget()
+            time.sleep(0.02)
+        out["digests"] = [d is not None and len(d.gpu) for d in router.digests]
+        out["shared_prompt"] = []
+        for i in range(2 * dp):
+            r = i % dp
+            tokens = prompts[str(r)][0] + _prompt(1000 + i, 20)
+            out["shared_prompt"].append((r, handle.dispatch(make_req(f"s{i}", tokens))))
+        # Multi-turn: a new conversation lands by load (rank dp-1 is now the
+        # least loaded), then its later turns follow it once that rank's
+        # digest has the first turn.
+        for i in range(dp - 1):
+            tokens = prompts[str(i)][0] + _prompt(2000 + i, 20)
+            out["shared_prompt"].append((i, handle.dispatch(make_req(f"x{i}", tokens))))
+        conv = _prompt(7, 40)
+        turns_landed = []
+        for t in range(turns):
+            if t:
+                wait_for_match(handle, conv)
+            turns_landed.append(handle.dispatch(make_req(f"c{t}", conv)))
+            conv = conv + _prompt(200 + t, 24)
+        out["turns"] = turns_landed
+        out["stats"] = dict(router.stats)
+        return out
+    finally:
+        handle.close()
+
+
+def wait_for_match(handle, tokens, timeout=10.0):
+    router = handle.controller.cache_aware_router
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        handle.controller._last_refresh_time = 0.0
+        handle.controller.refresh_load_budget()
+        req = make_req("probe", tokens)
+        matches = router.estimate(req, router.fresh_digests(range(router.num_dp_ranks)))
+        if any(m.total_len for m in matches.values()):
+            return True
+        time.sleep(0.02)
+    return False

@@ -1,0 +1,85 @@
+"""Cache-aware routing through the real DataParallelController dispatch path.
+
+The controller is upstream's ``DataParallelController`` built for
+``--load-balance-method cache_aware`` over scheduler stand-ins (processes that
+report where each request landed). Loads are written through the real
+load-snapshot SHM writers, digests are sent over the real digest channel;
+every request goes through ``_request_dispatcher`` -> ``dispatching_with_trace``
+-> ``refresh_load_budget`` -> ``cache_aware_scheduler``.
+"""
+
+import unittest
+
+from sglang.test.ci.ci_register import register_cpu_ci
+
+from harness.multiproc import run_ranks
+from harness.routing_scenarios import cache_aware_cases
+
+register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
+
+MAX_EXTRA = 2  # --dp-routing-max-extra-reqs of the scenario
+
+
+class TestCacheAwareDispatch(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.out = run_ranks(cache_aware_cases, 1, timeout=240)[0]
+
+    def assertLanded(self, case, rank, how):
+        self.assertEqual(self.out[case], (rank, how), case)
+
+    def test_method_and_channel(self):
+        self.assertEqual(self.out["method"], "CACHE_AWARE")
+        self.assertTrue(self.out["settled"])
+
+    def test_missing_digest_balances_by_load(self):
+        # loads 3, 1, 2, 5 running requests
+        self.assertLanded("no_digest", 1, "no_digest")
+
+    def test_best_match(self):
+        self.assertLanded("best_match", 2, "match")
+        self.assertLanded("best_match_b", 1, "match")
+        self.assertLanded("no_match", 2, "no_match")  # least loaded
+
+    def test_host_hits_weigh_less(self):
+        # GPU 56 tokens beats host 64 (0.75 x 64 = 48) ...
+        self.assertLanded("gpu_beats_longer_host", 3, "match")
+        # ... host 64 beats GPU 40.
+        self.assertLanded("host_beats_short_gpu", 1, "match")
+
+    def test_override_at_exactly_the_threshold(self):
+        self.assertLanded("extra_at_threshold", 2, "match")
+        self.assertLanded("extra_over_threshold", 0, "override")
+        self.assertLanded("extra_waiting_counts", 0, "override")
+
+    def test_capacity_fallback(self):
+        self.assertLanded("capacity_next_best", 0, "capacity")
+        self.assertLanded("capacity_least_loaded", 1, "capacity")
+
+    def test_namespaces(self):
+        self.assertLanded("salted", 1, "no_match")
+        self.assertLanded("salted_own_digest", 3, "match")
+
+    def test_ineligible_and_tie(self):
+        self.assertLanded("input_embeds", 2, "ineligible")
+        self.assertLanded("tie", 2, "tie")
+
+    def test_flush_restart_and_staleness(self):
+        self.assertLanded("after_flush", 0, "no_match")
+        self.assertLanded("old_seq_ignored", 0, "no_match")
+        self.assertLanded("fresh_again", 2, "match")
+        self.assertLanded("stale", 1, "no_digest")
+
+    def test_counters(self):
+        stats = self.out["stats"]
+        self.assertEqual(stats["override"], 2)
+        self.assertEqual(stats["capacity"], 2)
+        self.assertEqual(stats["ineligible"], 1)
+        self.assertEqual(
+            sum(stats.values()),
+            sum(1 for v in self.out.values() if isinstance(v, tuple)),
+        )
+
+
+if __name__ == "__main__":
+    unittest.main()

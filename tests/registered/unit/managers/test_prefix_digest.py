@@ -1,0 +1,257 @@
+"""Prefix digests for cache-aware DP routing against real radix trees.
+
+The digest must name exactly what a rank's ``UnifiedRadixCache`` can serve:
+its hashes are the KV-event page hashes (bit for bit, on the Python and the
+Rust tree core), kept at chunk boundaries, in the request's cache namespace;
+``PrefixDigestTracker`` follows inserts, device eviction, write-back to a real
+HiCache host tier and host eviction; the oracle is the tree's own
+``match_prefix``.
+"""
+
+import random
+import unittest
+
+from sglang.test.ci.ci_register import register_cpu_ci
+
+from harness.radix_trees import build_tree, enable_hicache, evict, insert, match
+
+register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
+
+BACKENDS = ("python", "rust")
+
+
+def _event_hashes(events):
+    return [h for e in events for h in getattr(e, "block_hashes", ())]
+
+
+def _floor(n, unit):
+    return n // unit * unit
+
+
+class TestDigestHashes(unittest.TestCase):
+    def test_page_hashes_equal_kv_event_hashes(self):
+        from sglang.srt.managers.prefix_digest import (
+            RequestNamespace,
+            request_page_hashes,
+        )
+
+        rng = random.Random(7)
+        for backend in BACKENDS:
+            for page_size in (1, 4, 16):
+                tree = build_tree(page_size, backend)
+                tree.cache.take_events()
+                for salt in (None, "tenant-a"):
+                    tokens = [rng.randrange(0, 150000) for _ in range(70)]
+                    insert(tree, tokens, cache_salt=salt)
+                    events = tree.cache.take_events()
+                    expected = request_page_hashes(
+                        tokens, page_size, RequestNamespace.of(cache_salt=salt)
+                    )
+                    with self.subTest(backend=backend, page=page_size, salt=salt):
+                        self.assertEqual(len(expected), 70 // page_size)
+                        self.assertEqual(_event_hashes(events), expected)
+
+    def test_matches_upstream_hash_str(self):
+        from sglang.srt.managers.prefix_digest import page_hash_digests
+        from sglang.srt.mem_cache.utils import get_hash_str
+
+        tokens = list(range(5, 69)) + [2**32 + 3, 9, 9, 9]
+        for page_size in (1, 4, 16):
+            full = tokens[: len(tokens) // page_size * page_size]
+            ours = [d.hex() for d in page_hash_digests(tokens, page_size)]
+            self.assertEqual(ours, get_hash_str(full, None, page_size))
+
+    def test_lazy_chunk_hashes_equal_eager(self):
+        from sglang.srt.managers.prefix_digest import (
+            RequestNamespace,
+            chunk_hashes,
+            iter_request_chunk_hashes,
+            request_page_hashes,
+        )
+
+        rng = random.Random(3)
+        tokens = [rng.randrange(0, 150000) for _ in range(203)]
+        for ns in (
+            RequestNamespace(),
+            RequestNamespace.of(cache_salt="s"),
+            RequestNamespace.of(lora_id="a" * 32, lora_name="x"),
+        ):
+            for page, chunk in ((1, 1), (4, 8), (16, 64)):
+                for toks in (tokens, tokens[:100] + [2**33] + tokens[100:]):
+                    eager = chunk_hashes(
+                        request_page_hashes(toks, page, ns), page, chunk
+                    )
+                    lazy = list(iter_request_chunk_hashes(toks, page, chunk, ns))
+                    self.assertEqual(lazy, eager)
+        self.assertEqual(list(iter_request_chunk_hashes([1, 2, 3], 4, 8, ns)), [])
+
+    def test_lora_namespace_matches_events(self):
+        from sglang.srt.managers.prefix_digest import (
+            RequestNamespace,
+            request_page_hashes,
+            tree_extra_key,
+        )
+
+        lora_id = "0123456789abcdef0123456789abcdef"
+        key = tree_extra_key("user-key", lora_id)
+        for backend in BACKENDS:
+            tree = build_tree(4, backend, lora_names={key: "adapter-x"})
+            tree.cache.take_events()
+            tokens = list(range(1000, 1032))
+            insert(tree, tokens, extra_key=key)
+            events = _event_hashes(tree.cache.take_events())
+            ns = RequestNamespace.of(
+                extra_key="user-key", lora_id=lora_id, lora_name="adapter-x"
+            )
+            with self.subTest(backend=backend):
+                self.assertEqual(events, request_page_hashes(tokens, 4, ns))
+                base = request_page_hashes(tokens, 4, RequestNamespace())
+                self.assertTrue(set(base).isdisjoint(events))
+
+
+class TestDigestTracker(unittest.TestCase):
+    def _estimate(self, tracker, tokens, page, chunk, **ns):
+        from sglang.srt.managers.prefix_digest import (
+            RequestNamespace,
+            chunk_hashes,
+            estimate_prefix_match,
+            request_page_hashes,
+            unpack_hashes,
+        )
+
+        gpu, host = (unpack_hashes(b) for b in tracker.build())
+        chunks = chunk_hashes(
+            request_page_hashes(tokens, page, RequestNamespace.of(**ns)), page, chunk
+        )
+        return estimate_prefix_match(chunks, gpu, host)
+
+    def test_chunk_alignment_and_dirty_flag(self):
+        from sglang.srt.managers.prefix_digest import PrefixDigestTracker, unpack_hashes
+
+        with self.assertRaisesRegex(ValueError, "multiple of the tree page size"):
+            PrefixDigestTracker(page_size=4, chunk_size=6)
+        tree = build_tree(4, "python")
+        tree.cache.take_events()
+        tracker = PrefixDigestTracker(page_size=4, chunk_size=8)
+        tracker.build()
+        self.assertFalse(tracker.dirty)
+        built = tracker.build()
+        self.assertIs(tracker.build(), built)  # not rebuilt while clean
+        insert(tree, [1, 2, 3, 4])  # one page: no chunk boundary
+        tracker.apply(tree.cache.take_events())
+        self.assertFalse(tracker.dirty)
+        self.assertEqual(tracker.build(), (b"", b""))
+        insert(tree, list(range(1, 21)))  # pages 2..5: boundaries at 8 and 16
+        tracker.apply(tree.cache.take_events())
+        self.assertTrue(tracker.dirty)
+        gpu = unpack_hashes(tracker.build()[0])
+        self.assertEqual(len(gpu), 2)
+        m = self._estimate(tracker, list(range(1, 30)), 4, 8)
+        self.assertEqual((m.gpu_len, m.total_len), (16, 16))
+        m = self._estimate(tracker, list(range(1, 15)) + [99] * 10, 4, 8)
+        self.assertEqual(m.total_len, 8)
+
+    def test_namespace_isolation(self):
+        from sglang.srt.managers.prefix_digest import PrefixDigestTracker
+
+        lora_id = "0123456789abcdef0123456789abcdef"
+        for backend in BACKENDS:
+            tree = build_tree(4, backend, lora_names={lora_id: "adapter"})
+            tree.cache.take_events()
+            tracker = PrefixDigestTracker(page_size=4, chunk_size=8)
+            tokens = list(range(300, 340))
+            insert(tree, tokens, cache_salt="salt-a")
+            insert(tree, tokens, extra_key=lora_id)
+            tracker.apply(tree.cache.take_events())
+            with self.subTest(backend=backend):
+                est = self._estimate
+                self.assertEqual(
+                    est(tracker, tokens, 4, 8, cache_salt="salt-a").total_len, 40
+                )
+                self.assertEqual(
+                    est(tracker, tokens, 4, 8, cache_salt="salt-b").total_len, 0
+                )
+                self.assertEqual(est(tracker, tokens, 4, 8).total_len, 0)
+                self.assertEqual(
+                    est(
+                        tracker, tokens, 4, 8, lora_id=lora_id, lora_name="adapter"
+                    ).total_len,
+                    40,
+                )
+                self.assertEqual(
+                    est(
+                        tracker, tokens, 4, 8, lora_id="f" * 32, lora_name="other"
+                    ).total_len,
+                    0,
+                )
+
+    def test_follows_inserts_and_eviction_like_the_tree(self):
+        from sglang.srt.managers.prefix_digest import PrefixDigestTracker
+
+        page, chunk = 4, 8
+        for backend in BACKENDS:
+            rng = random.Random(11)
+            tree = build_tree(page, backend, kv_size=512)
+            tree.cache.take_events()
+            tracker = PrefixDigestTracker(page_size=page, chunk_size=chunk)
+            prompts = [
+                [rng.randrange(50) for _ in range(rng.randrange(8, 40))]
+                for _ in range(6)
+            ]
+            seqs = []
+            for step in range(120):
+                base = rng.choice(prompts)
+                seq = base + [rng.randrange(1000) for _ in range(rng.randrange(0, 60))]
+                seqs.append(seq)
+                insert(tree, seq)
+                if step % 7 == 0:
+                    evict(tree, rng.randrange(16, 200))
+                tracker.apply(tree.cache.take_events())
+                for probe in rng.sample(seqs, min(4, len(seqs))):
+                    probe = probe + [5000]
+                    want = _floor(match(tree, probe).device_prefix_len, chunk)
+                    got = self._estimate(tracker, probe, page, chunk)
+                    with self.subTest(backend=backend, step=step):
+                        self.assertEqual((got.gpu_len, got.total_len), (want, want))
+
+    def test_host_tier_and_reset(self):
+        from sglang.srt.managers.prefix_digest import PrefixDigestTracker
+
+        page, chunk = 4, 8
+        for backend in BACKENDS:
+            tree = build_tree(page, backend)
+            enable_hicache(tree)
+            tree.cache.take_events()
+            tracker = PrefixDigestTracker(page_size=page, chunk_size=chunk)
+            tokens = list(range(100, 132))
+            insert(tree, tokens)
+            tracker.apply(tree.cache.take_events())
+            probe = tokens + [1]
+            with self.subTest(backend=backend, stage="gpu"):
+                m = self._estimate(tracker, probe, page, chunk)
+                self.assertEqual((m.gpu_len, m.total_len), (32, 32))
+            evict(tree, 32)  # write-back: backed up to host, freed on device
+            tracker.apply(tree.cache.take_events())
+            tm = match(tree, probe)
+            self.assertEqual((tm.device_prefix_len, tm.host_hit_length), (0, 32))
+            with self.subTest(backend=backend, stage="host"):
+                m = self._estimate(tracker, probe, page, chunk)
+                self.assertEqual((m.gpu_len, m.host_len), (0, 32))
+            tree.cache.evict_host(32)
+            tracker.apply(tree.cache.take_events())
+            with self.subTest(backend=backend, stage="host evicted"):
+                self.assertEqual(
+                    self._estimate(tracker, probe, page, chunk).total_len, 0
+                )
+            insert(tree, tokens)
+            tracker.apply(tree.cache.take_events())
+            self.assertEqual(self._estimate(tracker, probe, page, chunk).total_len, 32)
+            tree.cache.reset()  # flush_cache
+            tracker.apply(tree.cache.take_events())
+            with self.subTest(backend=backend, stage="reset"):
+                self.assertTrue(tracker.dirty)
+                self.assertEqual(tracker.build(), (b"", b""))
+
+
+if __name__ == "__main__":
+    unittest.main()
