@@ -14,7 +14,12 @@ from types import SimpleNamespace
 
 import torch
 
-from harness.scenarios import _normalize, _random_like, _sglang_identity
+from harness.scenarios import (
+    _normalize,
+    _random_like,
+    _sglang_identity,
+    write_random_node,
+)
 
 
 def _count_group_creation() -> list:
@@ -109,24 +114,21 @@ def sharded_roundtrip(
             if dev is None:
                 events.append(("write", "no device space"))
                 continue
-            for l in range(layer_num):
-                pool.kv_buffer[l][dev] = _random_like(pool.kv_buffer[l][dev], gen)
-            for l in live_ix:
-                ix = pool.index_k_with_scale_buffer[l]
-                ix[pages(dev)] = _random_like(ix[pages(dev)], gen)
-            host = cc.write(dev, node_id=next_id, extra_pools=_extra())
-            if host is None:
+            node = write_random_node(
+                pool,
+                cc,
+                dev,
+                node_id=next_id,
+                live_ix=live_ix,
+                gen=gen,
+                extra_pools=_extra(),
+            )
+            if node is None:
                 alloc.free(dev)
                 events.append(("write", "no host space"))
                 continue
-            nodes[next_id] = dict(
-                host=host,
-                kv=[pool.kv_buffer[l][dev].clone() for l in range(layer_num)],
-                ix={
-                    l: pool.index_k_with_scale_buffer[l][pages(dev)].clone()
-                    for l in live_ix
-                },
-            )
+            nodes[next_id] = node
+            host = node["host"]
             events.append(("write", next_id, host.tolist()))
             next_id += 1
             alloc.free(dev)  # the device copy is evicted; its rows get reused

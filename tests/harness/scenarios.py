@@ -34,6 +34,28 @@ def _random_like(tensor: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return torch.randn(tensor.shape, generator=gen).to(tensor.dtype)
 
 
+def write_random_node(pool, cc, dev, *, node_id, live_ix, gen, extra_pools):
+    """Fill the device rows of ``dev`` (KV, and the indexer pages of the live
+    layers) with fresh random data, back them up through the controller and
+    return the node (host indices + reference rows), or None without host space."""
+    ps = pool.page_size
+    pages = dev[::ps] // ps
+    layer_num = len(pool.kv_buffer)
+    for l in range(layer_num):
+        pool.kv_buffer[l][dev] = _random_like(pool.kv_buffer[l][dev], gen)
+    for l in live_ix:
+        ix = pool.index_k_with_scale_buffer[l]
+        ix[pages] = _random_like(ix[pages], gen)
+    host = cc.write(dev, node_id=node_id, extra_pools=extra_pools)
+    if host is None:
+        return None
+    return dict(
+        host=host,
+        kv=[pool.kv_buffer[l][dev].clone() for l in range(layer_num)],
+        ix={l: pool.index_k_with_scale_buffer[l][pages].clone() for l in live_ix},
+    )
+
+
 def _alter_nth_h2d(n: int) -> None:
     """Negative control: shift the destination of the n-th H2D call by one page."""
     from sglang.srt.mem_cache.pool_host import dsa, mla
@@ -105,25 +127,21 @@ def l2_roundtrip(
             if dev is None:
                 events.append(("write", "no device space"))
                 continue
-            pages = indexer_pages(dev)
-            for l in range(layer_num):  # fresh rows for every node
-                pool.kv_buffer[l][dev] = _random_like(pool.kv_buffer[l][dev], gen)
-            for l in live_ix:
-                ix = pool.index_k_with_scale_buffer[l]
-                ix[pages] = _random_like(ix[pages], gen)
-            host = cc.write(dev, node_id=next_id, extra_pools=extra())
-            if host is None:
+            node = write_random_node(
+                pool,
+                cc,
+                dev,
+                node_id=next_id,
+                live_ix=live_ix,
+                gen=gen,
+                extra_pools=extra(),
+            )
+            if node is None:
                 alloc.free(dev)
                 events.append(("write", "no host space"))
                 continue
-            nodes[next_id] = dict(
-                host=host,
-                kv=[pool.kv_buffer[l][dev].clone() for l in range(layer_num)],
-                ix={
-                    l: pool.index_k_with_scale_buffer[l][indexer_pages(dev)].clone()
-                    for l in live_ix
-                },
-            )
+            nodes[next_id] = node
+            host = node["host"]
             events.append(("write", next_id, host.tolist(), dev.tolist()))
             next_id += 1
             # The device copy is evicted and its rows are reused.
