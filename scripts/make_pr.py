@@ -117,7 +117,8 @@ def make_pr(feature: str) -> Path:
 
 
 def _check(out: Path, entries: list[str]) -> None:
-    """git apply --check the rewritten series on the pristine wheel under python/."""
+    """git apply the rewritten series (and the groups before it) on the
+    pristine wheel laid out under python/."""
     _, pristine = upstream.prepare()
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp)
@@ -126,17 +127,13 @@ def _check(out: Path, entries: list[str]) -> None:
             if name in entries:
                 break
             patch = to_upstream_layout((PATCHES / name).read_text())
-            _apply(repo, patch, name, check_only=False)
+            _apply(repo, patch, name)
         for name in entries:
-            _apply(repo, (out / Path(name).name).read_text(), name, check_only=False)
+            _apply(repo, (out / Path(name).name).read_text(), name)
 
 
-def _apply(repo: Path, patch: str, name: str, check_only: bool) -> None:
-    args = (
-        ["git", "apply", "--whitespace=nowarn"]
-        + (["--check"] if check_only else [])
-        + ["-"]
-    )
+def _apply(repo: Path, patch: str, name: str) -> None:
+    args = ["git", "apply", "--whitespace=nowarn", "-"]
     proc = subprocess.run(
         args, cwd=repo, input=patch, capture_output=True, text=True, env=git_env()
     )
