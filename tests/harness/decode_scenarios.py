@@ -1,0 +1,473 @@
+"""Decode-side HiCache scenarios, run against unpatched upstream and the patched
+tree (``harness.compare.run_scenario``) on gloo ranks.
+
+``fixes=True`` passes ``--disaggregation-decode-enable-hicache`` (only the
+patched tree knows it); without it both trees must behave identically.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from harness.scenarios import _sglang_identity
+
+
+def _stack(rank, world_size, fixes, **kw):
+    from harness.decode_stack import build_decode_stack
+
+    overrides = dict(kw.pop("server_args_overrides", {}) or {})
+    if fixes:
+        overrides["disaggregation_decode_enable_hicache"] = True
+    return build_decode_stack(rank, world_size, server_args_overrides=overrides, **kw)
+
+
+def host_span_restore(
+    rank: int,
+    world_size: int,
+    *,
+    fixes: bool,
+    evict_host_first: bool = True,
+    abort_queued: bool = False,
+    abort_restoring: bool = False,
+) -> dict:
+    """A prefix cached only in host memory is promised to prefill; host
+    eviction runs before the restore is queued (host pressure from other
+    write-throughs); then the restore runs. ``abort_queued`` aborts the
+    request before admission, ``abort_restoring`` while its restore waits."""
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    from harness.decode_stack import random_tokens
+
+    stack = _stack(rank, world_size, fixes, size=1024)
+    rng = random.Random(7)
+    gen = torch.Generator().manual_seed(7)
+    prefix = random_tokens(rng, 256)
+    cached = stack.cache_prefix(prefix, gen)
+    evicted_device = stack.evict_device(256)
+    start = stack.snapshot()
+
+    dr = stack.make_request("r0", prefix + random_tokens(rng, 64))
+    stack.prealloc.queue.append(dr)
+    if abort_queued:
+        dr.req.finished_reason = FINISH_ABORT("client abort (test)")
+        admitted, failed = stack.admit()
+        return dict(
+            admitted=[d.req.rid for d in admitted],
+            failed=[d.req.rid for d in failed],
+            start=start,
+            after=stack.snapshot(),
+            host_lock_refs=_host_lock_refs(stack.cache),
+            sglang=_sglang_identity(),
+        )
+    admitted, _ = stack.admit()
+    pm = dr.prefix_match
+    out = dict(
+        evicted_device=evicted_device,
+        admitted=[d.req.rid for d in admitted],
+        promised=dr.kv_receiver.metadata["decode_prefix_len"],
+        l1=pm.l1_prefix_len,
+        l2=pm.l2_host_hit_length,
+        host_locked=getattr(pm, "host_span_lock", None) is not None,
+    )
+    if abort_restoring:  # the restore is still waiting for a load slot
+        out["status"] = dr.hicache_restore_status.value
+        stack.abort_in_transfer(dr)
+        out.update(
+            start=start,
+            after=stack.snapshot(),
+            host_lock_refs=_host_lock_refs(stack.cache),
+            sglang=_sglang_identity(),
+        )
+        return out
+    out["host_evicted"] = stack.evict_host(10_000) if evict_host_first else 0
+    for _ in range(20):
+        stack.restore_tick()
+        if dr.hicache_restore_status.value != "pending":
+            break
+    out["status"] = dr.hicache_restore_status.value
+    _finish_or_abort(stack, dr, cached, out)
+    out["after"] = stack.snapshot()
+    out["host_lock_refs"] = _host_lock_refs(stack.cache)
+    out["sglang"] = _sglang_identity()
+    return out
+
+
+def _finish_or_abort(stack, dr, cached, out) -> None:
+    """Check the restored rows against the cached ones (prefix order), then
+    release the request as a finished one, or abort it on a failed restore."""
+    if out["status"] != "ready":
+        stack.abort_in_transfer(dr)
+        return
+    restored = dr.hicache_restored_kv_indices
+    if restored is None:
+        out["restored_bytes_equal"] = None  # nothing to restore (L1 only)
+    else:
+        start = dr.prefix_match.l1_prefix_len
+        rows = stack.device_rows(restored)
+        out["restored_bytes_equal"] = all(
+            torch.equal(a, b[start : start + len(restored)])
+            for a, b in zip(rows, cached["rows"])
+        )
+    stack.finish(dr)
+
+
+def _host_lock_refs(cache) -> int:
+    core = cache.tree_core
+    total = 0
+    stack = [core.root_node]
+    while stack:
+        node = stack.pop()
+        total += sum(cd.host_lock_ref for cd in node.component_data)
+        stack.extend(node.children.values())
+    return total
+
+
+def admission_sim(
+    rank: int,
+    world_size: int,
+    *,
+    fixes: bool,
+    seed: int = 0,
+    steps: int = 30,
+    size: int = 2048,
+    hicache_ratio: float = 2.0,
+    num_prefixes: int = 6,
+    prefix_pages: tuple = (8, 24),
+    suffix_pages: tuple = (1, 4),
+    arrivals: tuple = (1, 4),
+    lifetime: tuple = (2, 5),
+    host_churn_tokens: int = 0,
+    restore_every: int = 1,
+    consensus_checker: bool = False,
+) -> dict:
+    """Decode admission under device and host memory pressure: requests share
+    a few long prefixes; each step some arrive, ``pop_preallocated`` admits,
+    the restore state machine ticks, admitted requests finish after a few
+    steps and are released into the tree; ``host_churn_tokens`` of unrelated
+    traffic are cached (written through to host) per step between admission
+    and the restore tick, which runs every ``restore_every`` steps (load-back
+    slots busy). Every input is drawn from ``seed``
+    alone, so all ranks see the same workload. Returns per-step counts and
+    the per-step plan digests (patched tree, ``fixes=True``)."""
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    from harness.decode_stack import random_tokens
+
+    if consensus_checker:
+        from types import SimpleNamespace
+
+        import torch.distributed as dist
+        from sglang.srt.utils import rank_consensus_checker
+
+    stack = _stack(
+        rank,
+        world_size,
+        fixes,
+        size=size,
+        max_reqs=32,
+        server_args_overrides=dict(hicache_ratio=hicache_ratio),
+    )
+    if consensus_checker:
+        rank_consensus_checker.configure([SimpleNamespace(cpu_group=dist.group.WORLD)])
+    ps = stack.page_size
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    prefixes = [
+        random_tokens(rng, rng.randint(*prefix_pages) * ps) for _ in range(num_prefixes)
+    ]
+    for p in prefixes[: num_prefixes // 2]:
+        stack.cache_prefix(p, gen)
+
+    evictions = {"calls": 0, "tokens": 0}
+    original_evict_for_alloc = stack.cache.evict_for_alloc
+
+    def counting_evict_for_alloc(params, **kw):  # call-through counter
+        result = original_evict_for_alloc(params, **kw)
+        evictions["calls"] += 1
+        evictions["tokens"] += result.num_tokens_evicted
+        return result
+
+    stack.cache.evict_for_alloc = counting_evict_for_alloc
+    plans = []
+    if fixes:
+        from sglang.srt.disaggregation import decode as decode_mod
+
+        original_plan = decode_mod.plan_prealloc_batch
+
+        def recording_plan(*a, **kw):  # call-through recorder
+            plan = original_plan(*a, **kw)
+            plans.append(plan.summary())
+            return plan
+
+        decode_mod.plan_prealloc_batch = recording_plan
+
+    # The workload is drawn up front, so it does not depend on admissions.
+    schedule = []
+    n = 0
+    for step in range(steps):
+        batch = []
+        for _ in range(rng.randint(*arrivals)):
+            prompt = rng.choice(prefixes) + random_tokens(
+                rng, rng.randint(*suffix_pages) * ps
+            )
+            batch.append((f"r{n}", prompt, rng.randint(*lifetime)))
+            n += 1
+        churn = random_tokens(rng, host_churn_tokens) if host_churn_tokens else None
+        schedule.append((batch, churn))
+
+    running = []  # (finish_step, decode_req)
+    per_step = []
+    totals = dict(
+        arrived=0,
+        admitted=0,
+        failed_restores=0,
+        promised_tokens=0,
+        input_tokens=0,
+        l1_tokens=0,
+        l2_tokens=0,
+    )
+    arrival_step = {}
+    life = {}
+    wait_steps = []
+    for step in range(steps):
+        batch, churn = schedule[step]
+        for rid, prompt, lifetime_steps in batch:
+            dr = stack.make_request(rid, prompt, max_new_tokens=4)
+            arrival_step[rid] = step
+            life[rid] = lifetime_steps
+            stack.prealloc.queue.append(dr)
+            totals["arrived"] += 1
+        calls_before = evictions["calls"]
+        admitted, _ = stack.admit()
+        for dr in admitted:
+            pm = dr.prefix_match
+            totals["admitted"] += 1
+            totals["input_tokens"] += len(dr.req.origin_input_ids)
+            totals["promised_tokens"] += dr.kv_receiver.metadata["decode_prefix_len"]
+            totals["l1_tokens"] += pm.l1_prefix_len if pm else 0
+            totals["l2_tokens"] += pm.l2_host_hit_length if pm else 0
+            wait_steps.append(step - arrival_step[dr.req.rid])
+            running.append((step + life[dr.req.rid], dr))
+        # Requests finishing in the running batch are released (inserted and
+        # written through to host) before the transfer queue's next restore
+        # tick, as between two scheduler iterations.
+        done = [(t, dr) for t, dr in running if t <= step]
+        for t, dr in done:
+            for _ in range(50):
+                if dr.hicache_restore_status.value != "pending":
+                    break
+                stack.restore_tick()
+            running.remove((t, dr))
+            if dr.hicache_restore_status.value == "ready":
+                stack.finish(dr)
+            else:
+                totals["failed_restores"] += 1
+                stack.abort_in_transfer(dr)
+        if churn:
+            stack.cache_prefix(churn, gen, required=False)
+        stack.cache.check_hicache_events()
+        if step % restore_every == 0:
+            stack.restore_tick()
+        per_step.append(
+            dict(
+                admitted=len(admitted),
+                evict_calls=evictions["calls"] - calls_before,
+                queued=len(stack.prealloc.queue),
+            )
+        )
+    # Drain: finish what is running, drop what is queued.
+    for t, dr in running:
+        for _ in range(50):
+            if dr.hicache_restore_status.value != "pending":
+                break
+            stack.restore_tick()
+        if dr.hicache_restore_status.value == "ready":
+            stack.finish(dr)
+        else:
+            totals["failed_restores"] += 1
+            stack.abort_in_transfer(dr)
+    totals.update(
+        evict_calls=evictions["calls"],
+        evicted_tokens=evictions["tokens"],
+        queued_at_end=len(stack.prealloc.queue),
+        mean_wait_steps=sum(wait_steps) / max(1, len(wait_steps)),
+    )
+    assert isinstance(stack.cache, UnifiedRadixCache)
+    return dict(
+        totals=totals,
+        per_step=per_step,
+        plans=plans,
+        host_lock_refs=_host_lock_refs(stack.cache),
+        after=stack.snapshot(),
+        protected=int(stack.cache.protected_size()),
+        sglang=_sglang_identity(),
+    )
+
+
+def _l3_stack(rank, world_size, fixes, storage_dir, policy):
+    import os
+
+    os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = storage_dir
+    return _stack(
+        rank,
+        world_size,
+        fixes,
+        size=1024,
+        server_args_overrides=dict(
+            hicache_storage_backend="file",
+            hicache_storage_prefetch_policy=policy,
+        ),
+    )
+
+
+def _settle_storage(stack, ticks: int = 40) -> None:
+    import time
+
+    for _ in range(ticks):
+        stack.cache.check_hicache_events()
+        time.sleep(0.02)
+
+
+def l3_two_phase(
+    rank: int,
+    world_size: int,
+    *,
+    fixes: bool,
+    storage_dir: str,
+    policy: str = "wait_complete",
+    abort_while_prefetching: bool = False,
+    max_steps: int = 100,
+    prefix_tokens: int = 256,
+) -> dict:
+    """A prefix that lives only in L3 storage (file backend): written through
+    to host and storage, then evicted from device and host. A request for it
+    is admitted; ``fixes=True`` holds it until the L3 -> L2 prefetch lands."""
+    import time
+
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    from harness.decode_stack import random_tokens
+
+    stack = _l3_stack(rank, world_size, fixes, storage_dir, policy)
+    rng = random.Random(11)
+    gen = torch.Generator().manual_seed(11)
+    prefix = random_tokens(rng, prefix_tokens)
+    cached = stack.cache_prefix(prefix, gen)
+    _settle_storage(stack)
+    evicted = (stack.evict_device(prefix_tokens), stack.evict_host(10_000))
+    start = stack.snapshot()
+
+    dr = stack.make_request("r0", prefix + random_tokens(rng, 64))
+    stack.prealloc.queue.append(dr)
+    out = dict(evicted=evicted, admitted_at=None, sglang=_sglang_identity())
+    t0 = time.perf_counter()
+    for step in range(max_steps):
+        admitted, failed = stack.admit()
+        stack.cache.check_hicache_events()
+        if admitted:
+            out["admitted_at"] = step
+            out["seconds_to_admit"] = time.perf_counter() - t0
+            break
+        if failed:
+            out["aborted_at"] = step
+            break
+        if abort_while_prefetching and step == 0:
+            out["pending_before_abort"] = bool(
+                getattr(dr, "hicache_prefetch_pending", False)
+            )
+            dr.req.finished_reason = FINISH_ABORT("client abort (test)")
+        time.sleep(0.02)
+    if out["admitted_at"] is None:
+        _settle_storage(stack)
+        out["ongoing_prefetch"] = len(stack.cache.ongoing_prefetch)
+        out["after"] = stack.snapshot()
+        out["start"] = start
+        out["host_lock_refs"] = _host_lock_refs(stack.cache)
+        return out
+    pm = dr.prefix_match
+    out.update(
+        promised=dr.kv_receiver.metadata["decode_prefix_len"],
+        l1=pm.l1_prefix_len,
+        l2=pm.l2_host_hit_length,
+        l3=pm.l3_storage_hit_length,
+    )
+    for _ in range(200):
+        stack.restore_tick()
+        stack.cache.check_hicache_events()
+        if dr.hicache_restore_status.value != "pending":
+            break
+        time.sleep(0.01)
+    out["status"] = dr.hicache_restore_status.value
+    out["seconds_to_outcome"] = time.perf_counter() - t0
+    _finish_or_abort(stack, dr, cached, out)
+    _settle_storage(stack, 10)
+    out["host_lock_refs"] = _host_lock_refs(stack.cache)
+    return out
+
+
+def _tree_state(cache) -> list:
+    core = cache.tree_core
+    out = []
+    todo = [core.root_node]
+    while todo:
+        node = todo.pop()
+        out.append(
+            (
+                node.id,
+                len(node.key) if node.key is not None else 0,
+                node.last_access_time,
+                node.evicted,
+                node.backuped,
+                tuple((cd.lock_ref, cd.host_lock_ref) for cd in node.component_data),
+            )
+        )
+        todo.extend(node.children.values())
+    return sorted(out, key=lambda t: t[0])
+
+
+def peek_vs_match(rank: int, world_size: int, *, seed: int = 0, rounds: int = 60):
+    """``peek_prefix`` reports what ``match_prefix`` reports and changes nothing:
+    random prefixes cached, partly evicted to host and from host, then probed
+    with queries that end inside nodes (forcing ``match_prefix`` to split)."""
+    from array import array
+
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    from harness.decode_stack import random_tokens
+
+    stack = _stack(rank, world_size, False, size=2048)
+    ps = stack.page_size
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    bases = [random_tokens(rng, rng.randint(4, 12) * ps) for _ in range(4)]
+    checked = unchanged = 0
+    kinds = set()
+    for _ in range(rounds):
+        op = rng.random()
+        if op < 0.4:
+            base = rng.choice(bases)
+            cut = rng.randint(1, len(base) // ps) * ps
+            stack.cache_prefix(
+                base[:cut] + random_tokens(rng, rng.randint(1, 6) * ps), gen
+            )
+        elif op < 0.6:
+            stack.evict_device(rng.randint(1, 8) * ps)
+        elif op < 0.7:
+            stack.evict_host(rng.randint(1, 4) * ps)
+        base = rng.choice(bases)
+        query = base[: rng.randint(1, len(base))] + random_tokens(
+            rng, rng.randint(0, 20)
+        )
+        key = RadixKey(array("q", query))
+        before = _tree_state(stack.cache)
+        peek = stack.cache.peek_prefix(key)
+        unchanged += _tree_state(stack.cache) == before
+        m = stack.cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", query))))
+        checked += peek == (m.device_prefix_len, m.host_hit_length)
+        kinds.add((peek[0] > 0, peek[1] > 0))
+    return dict(
+        rounds=rounds, checked=checked, unchanged=unchanged, kinds=sorted(kinds)
+    )

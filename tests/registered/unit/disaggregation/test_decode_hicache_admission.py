@@ -1,0 +1,192 @@
+"""Decode-side HiCache admission (PD disaggregation): host-span lock, read-only
+prefix match, batched pre-allocation planning.
+
+Runs real ``UnifiedRadixCache`` (HiCache host tier) and decode queue objects on
+CPU (``harness.decode_stack``; stand-ins only for the KV receiver, the two
+``kvcacheio`` direct ops and pinned registration) in spawned gloo ranks, against
+unpatched upstream 0.5.23 and the patched tree.
+"""
+
+import tempfile
+import unittest
+
+from sglang.test.ci.ci_register import register_cpu_ci
+
+from harness.compare import diff_results, run_scenario
+
+register_cpu_ci(est_time=240, suite="stage-a-test-cpu")
+
+HOST_SPAN = "harness.decode_scenarios:host_span_restore"
+SIM = "harness.decode_scenarios:admission_sim"
+L3 = "harness.decode_scenarios:l3_two_phase"
+PRESSURE = dict(size=1024, steps=24, arrivals=(1, 4))
+
+
+def _strip(results):
+    """Drop what differs by construction: the sglang tree and wall times."""
+    return [
+        {k: v for k, v in r.items() if k != "sglang" and not k.startswith("seconds")}
+        for r in results
+    ]
+
+
+class TestPeekPrefix(unittest.TestCase):
+    def test_peek_equals_match_and_changes_nothing(self):
+        for seed in (0, 1):
+            (r,) = run_scenario(
+                "patched", "harness.decode_scenarios:peek_vs_match", 1, seed=seed
+            )
+            self.assertEqual(r["checked"], r["rounds"])
+            self.assertEqual(r["unchanged"], r["rounds"])
+            # device-only, device + host and host-only prefixes all came up
+            self.assertTrue({(True, False), (True, True)} <= set(r["kinds"]), r)
+
+
+class TestHostSpanLock(unittest.TestCase):
+    def test_upstream_fails_the_restore_after_host_eviction(self):
+        # Reproduces the 0.5.23 failure: only the last device node is locked,
+        # host eviction drops the promised span, the restore FAILs (HTTP 500).
+        (up,) = run_scenario("upstream", HOST_SPAN, 1, fixes=False)
+        self.assertEqual(up["sglang"]["version"], "0.5.23")
+        self.assertEqual((up["l1"], up["l2"], up["promised"]), (0, 256, 256))
+        self.assertEqual(up["host_evicted"], 256)
+        self.assertEqual(up["status"], "failed")
+
+    def test_flag_off_patched_behaves_like_upstream(self):
+        up = run_scenario("upstream", HOST_SPAN, 1, fixes=False)
+        patched = run_scenario("patched", HOST_SPAN, 1, fixes=False)
+        self.assertNotEqual(up[0]["sglang"]["file"], patched[0]["sglang"]["file"])
+        self.assertEqual(diff_results(_strip(up), _strip(patched)), [])
+
+    def test_locked_span_survives_host_eviction_and_restores_bit_exact(self):
+        (r,) = run_scenario("patched", HOST_SPAN, 1, fixes=True)
+        self.assertTrue(r["host_locked"])
+        self.assertEqual(r["host_evicted"], 0)
+        self.assertEqual(r["status"], "ready")
+        self.assertTrue(r["restored_bytes_equal"])
+        # The lock is released once the restore's load_back holds the path.
+        self.assertEqual(r["host_lock_refs"], 0)
+        self.assertEqual(r["after"]["device_protected"], 0)
+
+    def test_span_released_when_nothing_evicts(self):
+        (r,) = run_scenario("patched", HOST_SPAN, 1, fixes=True, evict_host_first=False)
+        self.assertEqual(r["status"], "ready")
+        self.assertTrue(r["restored_bytes_equal"])
+        self.assertEqual(r["host_lock_refs"], 0)
+
+
+class TestAdmissionPlanning(unittest.TestCase):
+    def test_flag_off_admission_identical_to_upstream(self):
+        up = run_scenario("upstream", SIM, 1, fixes=False, seed=3, **PRESSURE)
+        patched = run_scenario("patched", SIM, 1, fixes=False, seed=3, **PRESSURE)
+        self.assertGreater(up[0]["totals"]["evict_calls"], 0)  # under pressure
+        self.assertEqual(diff_results(_strip(up), _strip(patched)), [])
+
+    def test_planned_admission_leaks_nothing(self):
+        (r,) = run_scenario("patched", SIM, 1, fixes=True, seed=3, **PRESSURE)
+        t = r["totals"]
+        self.assertGreater(t["admitted"], 10)
+        self.assertGreater(t["evict_calls"], 0)
+        self.assertEqual(t["failed_restores"], 0)
+        self.assertEqual(len(r["plans"]), 24)
+        self.assertEqual(r["host_lock_refs"], 0)
+        self.assertEqual(r["protected"], 0)
+        after = r["after"]
+        self.assertEqual(after["req_slots"], 32)
+        self.assertEqual(after["metadata_slots"], 32)
+        self.assertEqual(after["device_available"] + after["device_evictable"], 1024)
+
+    def test_plan_identical_on_every_rank(self):
+        for world in (2, 4):
+            results = run_scenario(
+                "patched",
+                SIM,
+                world,
+                fixes=True,
+                seed=5,
+                consensus_checker=True,
+                env={"SGLANG_ENABLE_RANK_CONSENSUS_CHECKER": "1"},
+                **PRESSURE,
+            )
+            self.assertEqual(len(results), world)
+            self.assertGreater(results[0]["totals"]["evict_calls"], 0)
+            for r in results[1:]:
+                self.assertEqual(diff_results(_strip(results[:1]), _strip([r])), [])
+
+
+class TestTwoPhaseL3Prefetch(unittest.TestCase):
+    """A prefix only in L3 storage (real file backend)."""
+
+    def _run(self, which, **kw):
+        with tempfile.TemporaryDirectory() as d:
+            (r,) = run_scenario(which, L3, 1, storage_dir=d, **kw)
+        self.assertEqual(r["evicted"], (256, 256))
+        return r
+
+    def test_upstream_promises_l3_then_fails_when_the_prefetch_stops_short(self):
+        # best_effort stops the prefetch at the first check: upstream has
+        # already promised the L3 span to prefill, so the restore FAILs.
+        r = self._run("upstream", fixes=False, policy="best_effort")
+        self.assertEqual((r["admitted_at"], r["l3"], r["promised"]), (0, 256, 256))
+        self.assertEqual(r["status"], "failed")
+
+    def test_two_phase_waits_for_host_then_promises_only_what_landed(self):
+        r = self._run("patched", fixes=True, policy="wait_complete")
+        self.assertGreaterEqual(r["admitted_at"], 1)  # held while prefetching
+        self.assertEqual((r["l2"], r["l3"], r["promised"]), (256, 0, 256))
+        self.assertEqual(r["status"], "ready")
+        self.assertTrue(r["restored_bytes_equal"])
+        self.assertEqual(r["host_lock_refs"], 0)
+
+    def test_two_phase_never_promises_what_did_not_land(self):
+        r = self._run("patched", fixes=True, policy="best_effort")
+        self.assertEqual(r["l3"], 0)
+        self.assertEqual(r["promised"], r["l1"] + r["l2"])
+        self.assertEqual(r["status"], "ready")
+        self.assertIn(r["restored_bytes_equal"], (True, None))
+
+    def test_flag_off_l3_admission_identical_to_upstream(self):
+        up = self._run("upstream", fixes=False, policy="wait_complete")
+        patched = self._run("patched", fixes=False, policy="wait_complete")
+        self.assertEqual(diff_results(_strip([up]), _strip([patched])), [])
+
+
+class TestAbortCleanup(unittest.TestCase):
+    def test_abort_while_prefetching_releases_everything(self):
+        with tempfile.TemporaryDirectory() as d:
+            (r,) = run_scenario(
+                "patched",
+                L3,
+                1,
+                storage_dir=d,
+                fixes=True,
+                abort_while_prefetching=True,
+            )
+        self.assertTrue(r["pending_before_abort"])
+        self.assertIsNone(r["admitted_at"])
+        self.assertEqual(r["ongoing_prefetch"], 0)
+        self.assertEqual(r["after"], r["start"])
+        self.assertEqual(r["host_lock_refs"], 0)
+
+    def test_abort_while_restoring_releases_everything(self):
+        (r,) = run_scenario("patched", HOST_SPAN, 1, fixes=True, abort_restoring=True)
+        self.assertEqual(r["status"], "pending")
+        self.assertTrue(r["host_locked"])
+        self.assertEqual(r["host_lock_refs"], 0)
+        self.assertEqual(r["after"]["device_protected"], 0)
+        self.assertEqual(r["after"]["req_slots"], 16)
+        self.assertEqual(r["after"]["metadata_slots"], 16)
+        self.assertEqual(
+            r["after"]["device_available"] + r["after"]["device_evictable"], 1024
+        )
+        self.assertEqual(r["after"]["host_available"], r["start"]["host_available"])
+
+    def test_abort_while_queued_releases_everything(self):
+        (r,) = run_scenario("patched", HOST_SPAN, 1, fixes=True, abort_queued=True)
+        self.assertEqual(r["admitted"], [])
+        self.assertEqual(r["after"], r["start"])
+        self.assertEqual(r["host_lock_refs"], 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
