@@ -141,6 +141,7 @@ def admission_sim(
     host_churn_tokens: int = 0,
     restore_every: int = 1,
     consensus_checker: bool = False,
+    diverge_rank: int | None = None,
 ) -> dict:
     """Decode admission under device and host memory pressure: requests share
     a few long prefixes; each step some arrive, ``pop_preallocated`` admits,
@@ -179,6 +180,8 @@ def admission_sim(
     ]
     for p in prefixes[: num_prefixes // 2]:
         stack.cache_prefix(p, gen)
+    if rank == diverge_rank:  # negative control: this rank's tree differs
+        stack.cache_prefix(prefixes[-1], torch.Generator().manual_seed(99))
 
     evictions = {"calls": 0, "tokens": 0}
     original_evict_for_alloc = stack.cache.evict_for_alloc
@@ -198,7 +201,7 @@ def admission_sim(
 
         def recording_plan(*a, **kw):  # call-through recorder
             plan = original_plan(*a, **kw)
-            plans.append(plan.summary())
+            plans.append((plan.summary(), plan.evict_tokens, len(plan.entries)))
             return plan
 
         decode_mod.plan_prealloc_batch = recording_plan
@@ -241,6 +244,7 @@ def admission_sim(
             totals["arrived"] += 1
         calls_before = evictions["calls"]
         admitted, _ = stack.admit()
+        admit_evict_calls = evictions["calls"] - calls_before
         for dr in admitted:
             pm = dr.prefix_match
             totals["admitted"] += 1
@@ -273,6 +277,7 @@ def admission_sim(
         per_step.append(
             dict(
                 admitted=len(admitted),
+                admit_evict_calls=admit_evict_calls,
                 evict_calls=evictions["calls"] - calls_before,
                 queued=len(stack.prealloc.queue),
             )

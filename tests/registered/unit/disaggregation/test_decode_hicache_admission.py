@@ -96,6 +96,23 @@ class TestAdmissionPlanning(unittest.TestCase):
         self.assertEqual(after["metadata_slots"], 32)
         self.assertEqual(after["device_available"] + after["device_evictable"], 1024)
 
+    def test_one_page_aligned_eviction_per_admission_round(self):
+        up = run_scenario("upstream", SIM, 1, fixes=False, seed=3, **PRESSURE)
+        (r,) = run_scenario("patched", SIM, 1, fixes=True, seed=3, **PRESSURE)
+        # Greedy evicts per request: some rounds need several calls.
+        self.assertGreater(max(s["admit_evict_calls"] for s in up[0]["per_step"]), 1)
+        # The plan evicts once per round, a whole number of pages, and the
+        # commit loop then finds its pages free (no further eviction; restores
+        # may still evict for their load-back later in the step).
+        self.assertLessEqual(max(s["admit_evict_calls"] for s in r["per_step"]), 1)
+        evicts = [e for _, e, _ in r["plans"]]
+        self.assertTrue(any(evicts))
+        self.assertTrue(all(e % 16 == 0 for e in evicts), evicts)
+        self.assertEqual(
+            sum(1 for e in evicts if e),
+            sum(s["admit_evict_calls"] for s in r["per_step"]),
+        )
+
     def test_plan_identical_on_every_rank(self):
         for world in (2, 4):
             results = run_scenario(
@@ -112,6 +129,23 @@ class TestAdmissionPlanning(unittest.TestCase):
             self.assertGreater(results[0]["totals"]["evict_calls"], 0)
             for r in results[1:]:
                 self.assertEqual(diff_results(_strip(results[:1]), _strip([r])), [])
+
+    def test_diverged_rank_is_caught_by_the_consensus_check(self):
+        # Negative control: rank 1's tree holds one more prefix, so its plan
+        # (or its eviction) differs and the checker stops the ranks.
+        with self.assertRaises(RuntimeError):
+            run_scenario(
+                "patched",
+                SIM,
+                2,
+                timeout=120,
+                fixes=True,
+                seed=5,
+                consensus_checker=True,
+                diverge_rank=1,
+                env={"SGLANG_ENABLE_RANK_CONSENSUS_CHECKER": "1"},
+                **PRESSURE,
+            )
 
 
 class TestTwoPhaseL3Prefetch(unittest.TestCase):
