@@ -141,6 +141,14 @@ def worker(rank: int, world: int, args: dict) -> dict:
         mismatches += 0 if ok else 1
         alloc.free(d)
         cc.ack_load_queue.clear()
+    if args["profile"]:
+        out["profile"] = _profile_one_load(cc, host, alloc, sync)
+    try:  # the GPU stand-in's page-run plan cache (tests/standins/gpu)
+        from sgl_kernel.page_runs import stats
+
+        out["standin_plan_cache"] = dict(stats)
+    except ImportError:
+        pass
     out["load_wall_ms"] = [w for w, _, _ in loads]
     out["load_event_ms"] = [e for _, e, _ in loads]
     out["load_submit_ms"] = [s for _, _, s in loads]
@@ -149,6 +157,33 @@ def worker(rank: int, world: int, args: dict) -> dict:
         out["bytes_sent"] = shard.exchange.bytes_sent
         out["bytes_received"] = shard.exchange.bytes_received
     return out
+
+
+def _profile_one_load(cc, host, alloc, sync, top=25) -> list:
+    """cProfile of one more load's submission: the functions with the most own
+    time (file base names only)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    d = cc.load(host, node_id=1, extra_pools=_extra())
+    cc.start_loading()
+    prof.disable()
+    sync()
+    alloc.free(d)
+    cc.ack_load_queue.clear()
+    rows = []
+    for (file, line, name), (_, ncalls, tottime, cumtime, _) in pstats.Stats(
+        prof
+    ).stats.items():
+        rows.append(
+            (f"{Path(file).name}:{line}({name})", ncalls, tottime * 1e3, cumtime * 1e3)
+        )
+    rows.sort(key=lambda r: -r[2])
+    return [
+        dict(func=f, ncalls=n, tottime_ms=t, cumtime_ms=c) for f, n, t, c in rows[:top]
+    ]
 
 
 def _gate_loop(stack, args, out, device) -> dict:
@@ -206,6 +241,7 @@ def main():
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--timeout", type=float, default=400)
     ap.add_argument("--staging-mb", type=int, default=0, help="0: the default")
+    ap.add_argument("--profile", action="store_true", help="cProfile one more load")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     world = a.world or (torch.cuda.device_count() if a.device == "cuda" else 2)
@@ -222,6 +258,7 @@ def main():
         gate_iters=a.gate_iters,
         no_gate=a.no_gate,
         device=a.device,
+        profile=a.profile,
     )
     t0 = time.perf_counter()
     try:

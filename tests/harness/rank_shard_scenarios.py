@@ -66,6 +66,7 @@ def sharded_roundtrip(
     direct_submit: bool = False,
     size: int = 1024,
     count_groups: bool = False,
+    staging_bytes: int | None = None,
 ) -> dict:
     """Writes, device evictions, load-backs and host evictions; after every
     load-back every rank checks its device rows (KV and indexer) bit for bit.
@@ -73,7 +74,12 @@ def sharded_roundtrip(
     Negative controls: ``skip_exchange`` disables the owner broadcast;
     ``diverge_rank`` makes that rank's host allocator hand out different
     slots; ``direct_submit`` submits a load-back outside ``start_loading``.
+    ``staging_bytes`` shrinks the exchange's staging buffer below the 1 MB
+    that SGLANG_HICACHE_RANK_SHARD_STAGING_MB allows, so that a layer is
+    broadcast in several chunks.
     """
+    import dataclasses
+
     import torch.distributed as dist
 
     from harness.dsa_stack import build_dsa_stack
@@ -89,6 +95,9 @@ def sharded_roundtrip(
     shard = getattr(cc, "rank_shard", None)
     if skip_exchange and shard is not None:
         disable_exchange(cc)
+    if staging_bytes is not None and shard is not None:
+        plan = shard.exchange.plan
+        plan.settings = dataclasses.replace(plan.settings, staging_bytes=staging_bytes)
     ps = stack.page_size
     live_ix = [i for i, s in enumerate(skip) if not s]
 

@@ -122,6 +122,29 @@ class TestRankShardEightRanks(_ShardedRun, unittest.TestCase):
     SKIP = (False, True, False, False, False, True, False, False, False, False, False)
 
 
+class TestRankShardChunkedStaging(unittest.TestCase):
+    def test_layers_larger_than_staging_restore_exactly(self):
+        # 3 indexer pages or 22 KV rows per broadcast: loads of up to 4 pages
+        # go out in 2 indexer and up to 12 KV chunks per layer.
+        results = run_ranks(
+            sharded_roundtrip,
+            2,
+            timeout=300,
+            env=ON,
+            seed=11,
+            steps=20,
+            layer_num=5,
+            staging_bytes=3 * INDEXER_ROW_BYTES,
+        )
+        loads = [e for e in results[0]["events"] if e[0] == "load" and len(e) == 3]
+        self.assertTrue(any(len(e[2]) > 3 * 64 for e in loads))
+        for r in results:
+            self.assertTrue(r["sharded"])
+            self.assertEqual(r["mismatches"], [], f"rank {r['rank']}")
+        self.assertEqual(results[1]["bytes_received"], results[0]["bytes_sent"])
+        self.assertEqual(results[0]["bytes_received"], results[1]["bytes_sent"])
+
+
 class TestRankShardNegativeControls(unittest.TestCase):
     def test_skipping_the_exchange_is_caught(self):
         results = run_ranks(

@@ -5,34 +5,19 @@ D2H ``dst[b][dst_idx[i*ps] // ps][j][:ps] = src[b*L + j][src_idx[i*ps] : +ps]``;
 H2D ``dst[b][dst_idx[i*ps] : +ps] = src[b][src_idx[i*ps] // ps][layer_id]``.
 Runs of consecutive pages are issued as one strided 2-D copy
 (``cudaMemcpy2DAsync`` through CuPy when present) on the current stream,
-otherwise one ``copy_`` per page.
+otherwise one ``copy_`` per page. The runs come from ``page_runs.plan``,
+memoized by index content, so the host cost per call stays near the real
+op's (see ../README.md).
 """
 
 import torch
 from sgl_kernel import _missing
+from sgl_kernel.page_runs import plan
 
 try:
     import cupy
 except ImportError:  # pragma: no cover
     cupy = None
-
-
-def _pages(indices, page_size):
-    idx = indices.detach().to("cpu", torch.int64)
-    return idx[::page_size].tolist()
-
-
-def _runs(src_pages, dst_pages, src_step, dst_step):
-    """Group page pairs into runs that are consecutive on both sides."""
-    runs = []
-    for s, d in zip(src_pages, dst_pages):
-        if runs:
-            s0, d0, n = runs[-1]
-            if s == s0 + n * src_step and d == d0 + n * dst_step:
-                runs[-1] = (s0, d0, n + 1)
-                continue
-        runs.append((s, d, 1))
-    return runs
 
 
 def _copy2d(dst, dst_pitch, src, src_pitch, width, height):
@@ -45,23 +30,28 @@ def _copy2d(dst, dst_pitch, src, src_pitch, width, height):
 def transfer_kv_per_layer_direct_pf_lf(
     src_ptrs, dst_ptrs, src_indices, dst_indices, layer_id, page_size
 ):
-    src_pages = _pages(src_indices, page_size)
-    dst_pages = _pages(dst_indices, page_size)
+    runs = plan(src_indices, dst_indices, page_size, page_size, page_size)
     for src, dst in zip(src_ptrs, dst_ptrs):
-        row = dst[0].numel() * dst.element_size()
-        width = row * page_size
-        for s, d, n in _runs(src_pages, dst_pages, page_size, page_size):
-            p = s // page_size
-            if cupy is not None:
+        item = dst.element_size()
+        width = dst[0].numel() * item * page_size
+        if cupy is not None:
+            # Addresses of dst[d] and src[p][layer_id] (both contiguous rows).
+            dst_base, dst_row = dst.data_ptr(), dst.stride(0) * item
+            src_pitch = src[0].numel() * src.element_size()
+            src_base = src.data_ptr() + layer_id * src.stride(1) * src.element_size()
+            for s, d, n in runs:
+                p = s // page_size
                 _copy2d(
-                    dst[d].data_ptr(),
+                    dst_base + d * dst_row,
                     width,
-                    src[p][layer_id].data_ptr(),
-                    src[0].numel() * src.element_size(),
+                    src_base + p * src.stride(0) * src.element_size(),
+                    src_pitch,
                     width,
                     n,
                 )
-            else:
+        else:
+            for s, d, n in runs:
+                p = s // page_size
                 for k in range(n):
                     dst[d + k * page_size : d + (k + 1) * page_size].copy_(
                         src[p + k][layer_id].reshape(dst[d : d + page_size].shape),
@@ -72,21 +62,24 @@ def transfer_kv_per_layer_direct_pf_lf(
 def transfer_kv_all_layer_direct_lf_pf(
     src_ptrs, dst_ptrs, src_indices, dst_indices, page_size
 ):
-    src_pages = _pages(src_indices, page_size)
-    dst_pages = _pages(dst_indices, page_size)
+    runs = plan(src_indices, dst_indices, page_size, page_size, page_size)
     layers = len(src_ptrs) // len(dst_ptrs)
     for b, dst in enumerate(dst_ptrs):
-        page_pitch = dst[0].numel() * dst.element_size()
+        item = dst.element_size()
+        page_pitch = dst[0].numel() * item
         for j in range(layers):
             src = src_ptrs[b * layers + j]
+            src_row = src.stride(0) * src.element_size()
             width = src[0].numel() * src.element_size() * page_size
-            for s, d, n in _runs(src_pages, dst_pages, page_size, page_size):
+            dst_base = dst.data_ptr() + j * dst.stride(1) * item
+            for s, d, n in runs:
                 p = d // page_size
                 if cupy is not None:
+                    # Addresses of dst[p][j] and src[s] (both contiguous rows).
                     _copy2d(
-                        dst[p][j].data_ptr(),
+                        dst_base + p * dst.stride(0) * item,
                         page_pitch,
-                        src[s].data_ptr(),
+                        src.data_ptr() + s * src_row,
                         width,
                         width,
                         n,

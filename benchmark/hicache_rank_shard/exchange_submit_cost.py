@@ -1,0 +1,95 @@
+"""Host (CPU) time the rank-shard exchange takes to submit one layer, on CPU.
+
+The sharded load-back issues, per layer, the owned host copy and the
+exchange; when the host cannot issue a layer faster than the GPU runs it, the
+load-back is CPU-bound (see README, rank-shard GPU table). This probe times
+``RankShardExchange.exchange_layer`` over the 61 layers of one submission for
+two pools (KV and indexer, TP2, both ranks' roles) with
+``torch.distributed.broadcast`` counted instead of run and one-byte rows on
+the CPU: the gathers and scatters are dispatched (as a CUDA launch would be)
+but move almost no data, and each pool-layer is one broadcast, as a 100K-token
+DSA layer is with the default 64 MB staging. It measures the exchange's own
+Python and dispatch cost, not NCCL's or the copies'. Run it with two installed
+wheels to compare them:
+
+    python benchmark/hicache_rank_shard/exchange_submit_cost.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from types import SimpleNamespace
+
+import torch
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--layers", type=int, default=61)
+    ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--submissions", type=int, default=30)
+    a = ap.parse_args()
+
+    import torch.distributed as dist
+    from sglang.srt.mem_cache.hicache_rank_shard import (
+        RankShardExchange,
+        RankShardPlan,
+        RankShardSettings,
+    )
+    from sglang.srt.mem_cache.l2_transfer import L2Transfer
+
+    calls = []
+    dist.broadcast = lambda tensor, src, group=None: calls.append(tensor.numel())
+    ps, pages = 64, a.tokens // 64
+    kv_dev = SimpleNamespace(
+        kv_buffer=[
+            torch.zeros(a.tokens + 4096, 1, dtype=torch.uint8) for _ in range(a.layers)
+        ]
+    )
+    ix_dev = SimpleNamespace(
+        index_k_with_scale_buffer=[
+            torch.zeros(pages + 64, 1, dtype=torch.uint8) for _ in range(a.layers)
+        ]
+    )
+    kv_host, ix_host = SimpleNamespace(page_size=ps), SimpleNamespace(page_size=ps)
+    host = torch.arange(a.tokens, dtype=torch.int64)
+    dev = torch.arange(4096, 4096 + a.tokens, dtype=torch.int64)
+    results = {}
+    for rank in range(a.tp):
+        plan = RankShardPlan(
+            rank=rank,
+            tp_size=a.tp,
+            group_ranks=tuple(range(a.tp)),
+            group=None,
+            verify_group=None,
+            settings=RankShardSettings(False, 1 << 20, 0, 0),
+            kv_layers=tuple(range(a.layers)),
+            indexer_layers=tuple(range(a.layers)),
+        )
+        ex = RankShardExchange(plan, kv_host=kv_host, indexer_host=ix_host)
+        per_layer = []
+        for _ in range(a.submissions):
+            # A new list per submission, as L2TransferEngine._prepare_transfers.
+            transfers = [
+                L2Transfer(kv_host, kv_dev, host, dev),
+                L2Transfer(ix_host, ix_dev, host, dev, layer_mapper=lambda l: l),
+            ]
+            t0 = time.perf_counter()
+            for layer in range(a.layers):
+                ex.exchange_layer(layer, transfers, lambda l: None)
+            ex.join()
+            per_layer.append((time.perf_counter() - t0) / a.layers * 1e6)
+        results[rank] = statistics.median(per_layer[3:])
+    n = len(calls) / a.tp / a.submissions / a.layers
+    print(
+        f"{a.layers} layers, tp {a.tp}: "
+        f"{n:.2f} broadcasts per layer; host us per layer (median): "
+        + ", ".join(f"rank {r} {us:.1f}" for r, us in results.items())
+    )
+
+
+if __name__ == "__main__":
+    main()
