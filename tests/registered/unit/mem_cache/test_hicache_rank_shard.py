@@ -5,7 +5,6 @@ Real processes (one per TP rank, gloo), DSA stacks built through upstream's
 ``kvcacheio`` ops and pinned-memory registration are stand-ins.
 """
 
-import types
 import unittest
 
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -144,67 +143,6 @@ class TestRankShardChunkedStaging(unittest.TestCase):
             self.assertEqual(r["mismatches"], [], f"rank {r['rank']}")
         self.assertEqual(results[1]["bytes_received"], results[0]["bytes_sent"])
         self.assertEqual(results[0]["bytes_received"], results[1]["bytes_sent"])
-
-
-class TestRankShardExchangeSchedule(unittest.TestCase):
-    """When each rank queues each layer's exchange (no process group: the
-    broadcasts are recorded, not run)."""
-
-    def _schedule(self, rank, tp, layers, indexer_layers):
-        from sglang.srt.mem_cache.hicache_rank_shard import (
-            RankShardExchange,
-            _PoolExchange,
-            layer_owners,
-        )
-
-        plan = types.SimpleNamespace(
-            rank=rank,
-            tp_size=tp,
-            kv_owner=layer_owners(range(layers), tp),
-            indexer_owner=layer_owners(indexer_layers, tp),
-        )
-        ex = RankShardExchange(plan, kv_host=None, indexer_host=None)
-        live = {layer: j for j, layer in enumerate(indexer_layers)}
-        ex._transfers = transfers = object()
-        ex._work = (
-            _PoolExchange(None, plan.kv_owner, (), None),
-            _PoolExchange(
-                lambda l: l if l in live else None, plan.indexer_owner, (), None
-            ),
-        )
-        log = []
-        ex._exchange = lambda layer: log.append(("exchange", layer))
-        for layer in range(layers):
-            if rank in (plan.kv_owner[layer], plan.indexer_owner.get(layer)):
-                log.append(("copy", layer))
-            ex.exchange_layer(layer, transfers, lambda l: log.append(("done", l)))
-        ex.join()
-        return log
-
-    def test_layer_order_and_one_exchange_per_layer(self):
-        for tp in (2, 4, 8):
-            for indexer_layers in (range(61), [0, 1, 4, 9, 16, 25, 36, 49, 60]):
-                for rank in range(tp):
-                    log = self._schedule(rank, tp, 61, list(indexer_layers))
-                    done = [l for kind, l in log if kind == "done"]
-                    exchanged = [l for kind, l in log if kind == "exchange"]
-                    self.assertEqual(exchanged, list(range(61)))
-                    self.assertEqual(done, list(range(61)))
-
-    def test_receives_wait_for_the_matching_own_copy(self):
-        tp = 4
-        for rank in range(tp):
-            log = self._schedule(rank, tp, 61, list(range(61)))
-            for layer in range(61):
-                k, owner = divmod(layer, tp)
-                at = log.index(("exchange", layer))
-                copies = [l for kind, l in log[:at] if kind == "copy"]
-                # This rank's copy of round k (if it has one) comes first ...
-                own = k * tp + rank
-                if own < 61:
-                    self.assertIn(own, copies, (rank, layer))
-                # ... and nothing of the next round.
-                self.assertNotIn((k + 1) * tp + rank, copies, (rank, layer))
 
 
 class TestRankShardNegativeControls(unittest.TestCase):
