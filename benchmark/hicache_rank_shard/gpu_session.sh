@@ -4,7 +4,9 @@
 # test-only sgl_kernel stand-in first, run every mode of gpu_tp_run.py and
 # leave one JSON per mode in $OUT. Prepare .gpu with gpu_bundle.sh.
 # Knobs: ITERS (loads per mode), GATE_ITERS, NOGATE=1 (also the ungated run),
-# PROFILE=1 (cProfile of one extra load per mode, top functions in the JSON).
+# PROFILE=1 (cProfile of one extra load per mode, top functions in the JSON),
+# TRACE=1 (torch.profiler timeline of one extra load per mode, summarised in
+# the JSON by trace_summary.py).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
@@ -18,7 +20,7 @@ python3 -c "import torch, sglang; print('torch', torch.__version__, 'gpus', torc
 B=benchmark/hicache_rank_shard/gpu_tp_run.py
 python3 $B --mode sharded --tokens 4096 --layers 5 --iters 2 --out $OUT/smoke.json --timeout 200 || exit 1
 for mode in replicated sharded copy_only; do
-  python3 $B --mode $mode --iters ${ITERS:-10} ${PROFILE:+--profile} --out $OUT/$mode.json --timeout 300
+  python3 $B --mode $mode --iters ${ITERS:-10} ${PROFILE:+--profile} ${TRACE:+--trace} --out $OUT/$mode.json --timeout 300
 done
 python3 $B --mode gate --gate-iters ${GATE_ITERS:-2000} --out $OUT/gate.json --timeout 240
 [ -n "${NOGATE:-}" ] && python3 $B --mode gate --no-gate --gate-iters ${GATE_ITERS:-2000} --out $OUT/nogate.json --timeout 120

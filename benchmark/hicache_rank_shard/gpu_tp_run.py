@@ -14,6 +14,11 @@ bit on every rank. Modes, each a separate launch (the flag is read at build):
   for the forward's collectives, waiting through the real
   ``LayerDoneCounter.set_consumer`` gate (``--no-gate`` removes it).
 
+``--trace`` profiles one more load (torch.profiler, CPU + CUDA) on every rank
+and stores a summary of its GPU timeline (``trace_summary.py``): per-stream
+busy time by class of work, the H2D stream's idle gaps, each layer's copy and
+exchange spans, the tail after the last copy.
+
 Needs the patched sglang wheel and, without sgl-kernel, the test-only
 ``tests/standins/gpu`` package first on PYTHONPATH. Writes one JSON per mode;
 ``bench_rank_shard.py --gpu-results DIR`` turns them into the table and plot.
@@ -143,6 +148,8 @@ def worker(rank: int, world: int, args: dict) -> dict:
         cc.ack_load_queue.clear()
     if args["profile"]:
         out["profile"] = _profile_one_load(cc, host, alloc, sync)
+    if args["trace"]:
+        out["trace"] = _trace_one_load(cc, host, alloc, sync)
     try:  # the GPU stand-in's page-run plan cache (tests/standins/gpu)
         from sgl_kernel.page_runs import stats
 
@@ -184,6 +191,62 @@ def _profile_one_load(cc, host, alloc, sync, top=25) -> list:
     return [
         dict(func=f, ncalls=n, tottime_ms=t, cumtime_ms=c) for f, n, t, c in rows[:top]
     ]
+
+
+def _trace_one_load(cc, host, alloc, sync) -> dict:
+    """torch.profiler (CPU + CUDA) of one more load, the layer loop annotated
+    (``rs.load``, ``rs.copy.<l>``, ``rs.exchange.<l>``); returns the summary
+    of ``trace_summary.summarize``, not the trace (deleted)."""
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from trace_summary import summarize
+
+    engine = cc.l2_transfer_engine
+    exchange = getattr(getattr(cc, "rank_shard", None), "exchange", None)
+    load_layer = engine._load_layer
+    exchange_layer = exchange.exchange_layer if exchange is not None else None
+
+    def traced_load_layer(transfers, primary, layer_id, *rest):
+        with record_function(f"rs.copy.{layer_id}"):
+            return load_layer(transfers, primary, layer_id, *rest)
+
+    def traced_exchange_layer(layer_id, transfers, on_layer_done=None):
+        with record_function(f"rs.exchange.{layer_id}"):
+            return exchange_layer(layer_id, transfers, on_layer_done)
+
+    engine._load_layer = traced_load_layer
+    if exchange is not None:
+        exchange.exchange_layer = traced_exchange_layer
+    sync()
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+    acts = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        acts.append(ProfilerActivity.CUDA)
+    try:
+        with profile(activities=acts) as prof:
+            with record_function("rs.load"):
+                d = cc.load(host, node_id=1, extra_pools=_extra())
+                cc.start_loading()
+            sync()
+    finally:
+        del engine._load_layer
+        if exchange is not None:
+            exchange.exchange_layer = exchange_layer
+    event_ms = _elapsed_ms(cc.ack_load_queue[-1])
+    alloc.free(d)
+    cc.ack_load_queue.clear()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text()).get("traceEvents", [])
+    summary = summarize(events)
+    summary["load_event_ms"] = event_ms
+    summary["trace_events"] = len(events)
+    return summary
 
 
 def _gate_loop(stack, args, out, device) -> dict:
@@ -242,6 +305,9 @@ def main():
     ap.add_argument("--timeout", type=float, default=400)
     ap.add_argument("--staging-mb", type=int, default=0, help="0: the default")
     ap.add_argument("--profile", action="store_true", help="cProfile one more load")
+    ap.add_argument(
+        "--trace", action="store_true", help="GPU timeline summary of one more load"
+    )
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     world = a.world or (torch.cuda.device_count() if a.device == "cuda" else 2)
@@ -259,6 +325,7 @@ def main():
         no_gate=a.no_gate,
         device=a.device,
         profile=a.profile,
+        trace=a.trace,
     )
     t0 = time.perf_counter()
     try:
@@ -293,6 +360,12 @@ def main():
         )
         print({k: r.get(k) for k in keys}, "load ms:", r.get("load_event_ms", [])[:5])
         print("   submit ms:", [round(x, 1) for x in r.get("load_submit_ms", [])[:5]])
+        if "trace" in r:
+            t = r["trace"]
+            keys = ("load_event_ms", "copy_span_ms", "copy_busy_ms", "h2d_idle_ms")
+            print(
+                "   trace:", {k: t.get(k) for k in keys + ("tail_after_last_copy_ms",)}
+            )
 
 
 if __name__ == "__main__":
