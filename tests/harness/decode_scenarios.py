@@ -476,3 +476,58 @@ def peek_vs_match(rank: int, world_size: int, *, seed: int = 0, rounds: int = 60
     return dict(
         rounds=rounds, checked=checked, unchanged=unchanged, kinds=sorted(kinds)
     )
+
+
+def planned_then_released(rank: int, world_size: int, *, seed: int = 4) -> dict:
+    """Abort in the planned phase: plan a batch (matches locked, host spans
+    locked, batch eviction done), release it without committing, then admit
+    the same requests through pop_preallocated."""
+    from sglang.srt.disaggregation.decode_hicache_planner import (
+        plan_prealloc_batch,
+        release_planned,
+    )
+
+    from harness.decode_stack import random_tokens
+
+    stack = _stack(rank, world_size, True, size=1024)
+    ps = stack.page_size
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    prefixes = [random_tokens(rng, 12 * ps) for _ in range(3)]
+    for p in prefixes:
+        stack.cache_prefix(p, gen)
+    stack.evict_device(12 * ps)  # one prefix is host-only now
+    start = stack.snapshot()
+    reqs = [
+        stack.make_request(f"r{i}", p + random_tokens(rng, 2 * ps))
+        for i, p in enumerate(prefixes)
+    ]
+    stack.prealloc.queue.extend(reqs)
+    plan = plan_prealloc_batch(
+        stack.prealloc,
+        list(reqs),
+        retractable_tokens=0,
+        reserved_restore_tokens=0,
+        slots=8,
+    )
+    planned = dict(
+        entries=len(plan.entries),
+        host_spans=sum(
+            e.prefix_match.host_span_lock is not None for e in plan.entries.values()
+        ),
+        protected=int(stack.cache.protected_size()),
+        host_lock_refs=_host_lock_refs(stack.cache),
+    )
+    release_planned(stack.prealloc, plan)
+    released = dict(
+        protected=int(stack.cache.protected_size()),
+        host_lock_refs=_host_lock_refs(stack.cache),
+        snapshot=stack.snapshot(),
+    )
+    admitted, _ = stack.admit()
+    return dict(
+        start=start,
+        planned=planned,
+        released=released,
+        admitted=[d.req.rid for d in admitted],
+    )

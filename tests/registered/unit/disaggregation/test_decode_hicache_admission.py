@@ -99,6 +99,11 @@ class TestAdmissionPlanning(unittest.TestCase):
     def test_one_page_aligned_eviction_per_admission_round(self):
         up = run_scenario("upstream", SIM, 1, fixes=False, seed=3, **PRESSURE)
         (r,) = run_scenario("patched", SIM, 1, fixes=True, seed=3, **PRESSURE)
+        # Same admissions, round by round, as upstream's greedy loop.
+        self.assertEqual(
+            [s["admitted"] for s in up[0]["per_step"]],
+            [s["admitted"] for s in r["per_step"]],
+        )
         # Greedy evicts per request: some rounds need several calls.
         self.assertGreater(max(s["admit_evict_calls"] for s in up[0]["per_step"]), 1)
         # The plan evicts once per round, a whole number of pages, and the
@@ -214,6 +219,26 @@ class TestAbortCleanup(unittest.TestCase):
             r["after"]["device_available"] + r["after"]["device_evictable"], 1024
         )
         self.assertEqual(r["after"]["host_available"], r["start"]["host_available"])
+
+    def test_planned_but_not_committed_releases_everything(self):
+        (r,) = run_scenario(
+            "patched", "harness.decode_scenarios:planned_then_released", 1
+        )
+        p = r["planned"]
+        self.assertEqual(p["entries"], 3)
+        self.assertEqual(p["host_spans"], 1)
+        self.assertGreater(p["protected"], 0)
+        self.assertEqual(p["host_lock_refs"], 1)
+        rel = r["released"]
+        self.assertEqual((rel["protected"], rel["host_lock_refs"]), (0, 0))
+        # Nothing but the batch eviction moved: evictable pages became free.
+        for k in ("host_available", "req_slots", "metadata_slots"):
+            self.assertEqual(rel["snapshot"][k], r["start"][k])
+        self.assertEqual(
+            rel["snapshot"]["device_available"] + rel["snapshot"]["device_evictable"],
+            r["start"]["device_available"] + r["start"]["device_evictable"],
+        )
+        self.assertEqual(r["admitted"], ["r0", "r1", "r2"])
 
     def test_abort_while_queued_releases_everything(self):
         (r,) = run_scenario("patched", HOST_SPAN, 1, fixes=True, abort_queued=True)
