@@ -47,9 +47,7 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import random
-import subprocess
 import sys
 import time
 from array import array
@@ -59,6 +57,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmark"))
+
+from bench_meta import run_metadata  # noqa: E402
 
 PAGE = 16
 PREFILL_TPS = 20000.0  # prefill tokens per second per rank
@@ -446,18 +447,6 @@ def simulate(policy_cls, trace, dp, kv_tokens, host_ratio):
     return res.summary()
 
 
-def _git_rev():
-    try:
-        return subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except Exception:
-        return "unknown"
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small CI smoke run")
@@ -499,14 +488,7 @@ def main():
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     tag = "quick" if args.quick else "full"
     meta = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "git_revision": _git_rev(),
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-        },
+        **run_metadata(),
         "params": {
             "page_size": PAGE,
             "requests": n_req,

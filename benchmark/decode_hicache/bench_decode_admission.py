@@ -29,8 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +37,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmark"))
+
+from bench_meta import run_metadata  # noqa: E402
 
 from harness.compare import run_scenario  # noqa: E402
 
@@ -222,18 +223,6 @@ def _plot(adm, l3, png):
     fig.savefig(png, dpi=110)
 
 
-def _git_rev():
-    try:
-        return subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except Exception:
-        return "unknown"
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small CI smoke run")
@@ -253,14 +242,7 @@ def main():
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     tag = "quick" if args.quick else "full"
     meta = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "git_revision": _git_rev(),
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-        },
+        **run_metadata(),
         "params": {"seeds": seeds, "steps": steps, "configs": CONFIGS},
         "admission": adm,
         "l3": l3,
