@@ -46,7 +46,12 @@ FEATURE_TESTS = {
     "cache-aware-routing": ["**/test_*cache_aware*.py", "**/test_*prefix_digest*.py"],
     "decode-hicache": ["**/test_*decode_hicache*.py"],
 }
-_DROP_FIELDS = re.compile(r"(?m)^(Upstream-Status|Remove-When):.*\n(?:[ \t]+.*\n)*")
+# A field runs on over its continuation lines (indented or not) up to a blank
+# line, the next field, or the diff.
+_DROP_FIELDS = re.compile(
+    r"(?m)^(Upstream-Status|Remove-When):.*\n"
+    r"(?:(?![\w-]+:\s)(?!diff --git )(?!---).+\n)*"
+)
 
 
 def to_upstream_layout(text: str) -> str:

@@ -3,6 +3,7 @@
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from .conftest import ROOT, run_script
@@ -234,3 +235,25 @@ def test_make_pr_rewrites_to_upstream_layout(sandbox):
     proc = run_script("make_pr.py", "no-such-feature", env=env)
     assert proc.returncode == 2 and "groups: " in proc.stderr
     assert "hicache-rank-shard" in proc.stderr.split("groups: ")[1]
+
+
+def test_make_pr_drops_header_fields_with_their_continuation_lines():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import make_pr
+    finally:
+        sys.path.pop(0)
+    text = (
+        "Subject: [PATCH] x\n\nWhy: because.\nHow: so.\n"
+        "Upstream-Status: not yet submitted; relates to\n"
+        "sgl-project/sglang#1 (unindented continuation)\n"
+        "Remove-When: upstream ships it\n"
+        "  (indented continuation).\n"
+        "\n"
+        "diff --git a/sglang/a.py b/sglang/a.py\n"
+        "--- a/sglang/a.py\n+++ b/sglang/a.py\n"
+    )
+    out = make_pr.to_upstream_layout(text)
+    assert "How: so.\n\ndiff --git a/python/sglang/a.py b/python/sglang/a.py\n" in out
+    for gone in ("Upstream-Status", "continuation", "Remove-When", "sglang#1"):
+        assert gone not in out
