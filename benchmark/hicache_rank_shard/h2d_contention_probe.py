@@ -5,8 +5,10 @@ No NCCL, no sglang: one process, two GPUs. Times the H2D copy of
 (CUDA events on its stream), alone and while another stream on GPU 0 runs
 (a) peer copies GPU 0 -> GPU 1 of the same size (what the rank-shard
 broadcast's owner does), (b) peer copies GPU 1 -> GPU 0 (a receiver),
-(c) device-local copies on GPU 0 (HBM traffic only). Prints and writes JSON
-with the ratios against the copy alone.
+(c) device-local copies on GPU 0 (HBM traffic only), (d) row gathers and
+(e) row scatters of 656-byte rows at random indices (SM kernels, what the
+exchange's staging does). Prints and writes JSON with the ratios against the
+copy alone.
 
 Run on a 2-GPU host: ``python benchmark/hicache_rank_shard/h2d_contention_probe.py --out probe.json``.
 """
@@ -36,6 +38,10 @@ def main():
     src0 = torch.empty(m, dtype=torch.uint8, device=d0)
     dst0 = torch.empty(m, dtype=torch.uint8, device=d0)
     buf1 = torch.empty(m, dtype=torch.uint8, device=d1)
+    rows = m // 656
+    table = torch.empty(4 * rows, 656, dtype=torch.uint8, device=d0)
+    idx = torch.randperm(4 * rows, device=d0)[:rows]
+    stage = torch.empty(rows, 656, dtype=torch.uint8, device=d0)
     h2d = torch.cuda.Stream(d0)
     side = torch.cuda.Stream(d0)
 
@@ -60,11 +66,15 @@ def main():
                     buf1.copy_(src0, non_blocking=True)
                 elif kind == "peer_in":
                     src0.copy_(buf1, non_blocking=True)
+                elif kind == "gather":
+                    torch.index_select(table, 0, idx, out=stage)
+                elif kind == "scatter":
+                    table.index_copy_(0, idx, stage)
                 else:
                     dst0.copy_(src0, non_blocking=True)
 
     results = {}
-    for kind in (None, "peer_out", "peer_in", "local"):
+    for kind in (None, "peer_out", "peer_in", "local", "gather", "scatter"):
         times = []
         for _ in range(a.reps):
             torch.cuda.synchronize(d0)
