@@ -193,26 +193,17 @@ def release_kv_cache_for_abort(req, cache) -> None:
 
 
 def publish_decode_server_args(rank: int, world_size: int, **overrides):
-    from sglang.srt.runtime_context import SpawnRanks
-    from sglang.srt.server_args import ServerArgs
-    from sglang.test.parallel_groups import publish
+    """The DSA stack's HiCache server args (``direct`` / ``page_first_direct``)
+    for a PD decode worker with the decode radix cache."""
+    from harness.dsa_stack import publish_server_args
 
     kwargs = dict(
-        model_path="dummy",
-        device="cpu",
         page_size=16,
-        enable_hierarchical_cache=True,
-        hicache_io_backend="direct",
-        hicache_mem_layout="page_first_direct",
-        hicache_ratio=2.0,
         disaggregation_mode="decode",
         disaggregation_decode_enable_radix_cache=True,
-        tp_size=world_size,
     )
     kwargs.update(overrides)
-    server_args = ServerArgs(**kwargs)
-    publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=rank))
-    return server_args
+    return publish_server_args(rank, world_size, **kwargs)
 
 
 def build_decode_stack(
