@@ -180,8 +180,8 @@ def admission_sim(
     ]
     for p in prefixes[: num_prefixes // 2]:
         stack.cache_prefix(p, gen)
-    if rank == diverge_rank:  # negative control: this rank's tree differs
-        stack.cache_prefix(prefixes[-1], torch.Generator().manual_seed(99))
+    if rank == diverge_rank:  # negative control: only this rank's budget differs
+        stack.prealloc.num_reserved_decode_tokens += 4 * ps
 
     evictions = {"calls": 0, "tokens": 0}
     original_evict_for_alloc = stack.cache.evict_for_alloc
@@ -530,4 +530,58 @@ def planned_then_released(rank: int, world_size: int, *, seed: int = 4) -> dict:
         planned=planned,
         released=released,
         admitted=[d.req.rid for d in admitted],
+    )
+
+
+def head_of_queue_admission(rank: int, world_size: int, *, fixes: bool, rounds=3):
+    """An idle decode worker whose queue head needs a large decode headroom
+    (max_new_tokens) while the next request reuses a large cached prefix:
+    the admission check of the head must see the budget greedy would see
+    (only its own and earlier prefixes locked)."""
+    from harness.decode_stack import random_tokens
+
+    stack = _stack(rank, world_size, fixes, size=1024)
+    rng = random.Random(21)
+    gen = torch.Generator().manual_seed(21)
+    p, q = random_tokens(rng, 576), random_tokens(rng, 256)
+    stack.cache_prefix(p, gen)
+    stack.cache_prefix(q, gen)
+    r1 = stack.make_request("r1", random_tokens(rng, 96), max_new_tokens=900)
+    r2 = stack.make_request("r2", p + random_tokens(rng, 64), max_new_tokens=4)
+    stack.prealloc.queue.extend([r1, r2])
+    admitted = [[d.req.rid for d in stack.admit()[0]] for _ in range(rounds)]
+    return dict(
+        admitted=admitted,
+        queued=[d.req.rid for d in stack.prealloc.queue],
+        host_lock_refs=_host_lock_refs(stack.cache),
+        sglang=_sglang_identity(),
+    )
+
+
+def plan_digest(rank: int, world_size: int, *, diverge_rank=None, seed: int = 4):
+    """One plan over a queue whose prefixes are partly cached; returns the
+    plan digest that ranks compare (``diverge_rank`` reserves more decode
+    tokens per request on that rank only)."""
+    from sglang.srt.disaggregation.decode_hicache_planner import plan_prealloc_batch
+
+    from harness.decode_stack import random_tokens
+
+    stack = _stack(rank, world_size, True, size=1024)
+    ps = stack.page_size
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    prefixes = [random_tokens(rng, 16 * ps) for _ in range(3)]
+    for p in prefixes:
+        stack.cache_prefix(p, gen)
+    if rank == diverge_rank:
+        stack.prealloc.num_reserved_decode_tokens += 8 * ps
+    reqs = [
+        stack.make_request(f"r{i}", p + random_tokens(rng, 4 * ps))
+        for i, p in enumerate(prefixes * 2)
+    ]
+    plan = plan_prealloc_batch(
+        stack.prealloc, reqs, retractable_tokens=0, reserved_restore_tokens=0, slots=8
+    )
+    return dict(
+        digest=plan.summary(), entries=len(plan.entries), evict=plan.evict_tokens
     )

@@ -19,6 +19,7 @@ register_cpu_ci(est_time=240, suite="stage-a-test-cpu")
 HOST_SPAN = "harness.decode_scenarios:host_span_restore"
 SIM = "harness.decode_scenarios:admission_sim"
 L3 = "harness.decode_scenarios:l3_two_phase"
+HEAD = "harness.decode_scenarios:head_of_queue_admission"
 PRESSURE = dict(size=1024, steps=24, arrivals=(1, 4))
 
 
@@ -96,6 +97,16 @@ class TestAdmissionPlanning(unittest.TestCase):
         self.assertEqual(after["metadata_slots"], 32)
         self.assertEqual(after["device_available"] + after["device_evictable"], 1024)
 
+    def test_queue_head_admitted_like_greedy(self):
+        # Regression: the commit loop re-judged a planned request against the
+        # budget with *all* planned prefixes locked and rejected it every round.
+        up = run_scenario("upstream", HEAD, 1, fixes=False)
+        (r,) = run_scenario("patched", HEAD, 1, fixes=True)
+        self.assertEqual(up[0]["admitted"][0], ["r1", "r2"])
+        self.assertEqual(r["admitted"], up[0]["admitted"])
+        self.assertEqual(r["queued"], [])
+        self.assertEqual(r["host_lock_refs"], 0)
+
     def test_one_page_aligned_eviction_per_admission_round(self):
         up = run_scenario("upstream", SIM, 1, fixes=False, seed=3, **PRESSURE)
         (r,) = run_scenario("patched", SIM, 1, fixes=True, seed=3, **PRESSURE)
@@ -136,20 +147,25 @@ class TestAdmissionPlanning(unittest.TestCase):
                 self.assertEqual(diff_results(_strip(results[:1]), _strip([r])), [])
 
     def test_diverged_rank_is_caught_by_the_consensus_check(self):
-        # Negative control: rank 1's tree holds one more prefix, so its plan
-        # (or its eviction) differs and the checker stops the ranks.
-        with self.assertRaises(RuntimeError):
+        # Negative control: rank 1 reserves more decode tokens per request (its
+        # tree and queue are identical), so only its plan differs ...
+        digest = "harness.decode_scenarios:plan_digest"
+        same = run_scenario("patched", digest, 2)
+        self.assertEqual(same[0], same[1])
+        self.assertGreater(same[0]["entries"], 0)
+        r0, r1 = run_scenario("patched", digest, 2, diverge_rank=1)
+        self.assertNotEqual(r0["digest"], r1["digest"])
+        # ... and with the checker on, the ranks are stopped.
+        kw = dict(fixes=True, seed=5, diverge_rank=1, **PRESSURE)
+        with self.assertRaisesRegex(RuntimeError, "failed ranks"):
             run_scenario(
                 "patched",
                 SIM,
                 2,
                 timeout=120,
-                fixes=True,
-                seed=5,
                 consensus_checker=True,
-                diverge_rank=1,
                 env={"SGLANG_ENABLE_RANK_CONSENSUS_CHECKER": "1"},
-                **PRESSURE,
+                **kw,
             )
 
 
