@@ -6,9 +6,7 @@
 # Knobs: ITERS (loads per mode), GATE_ITERS, NOGATE=1 (also the ungated run),
 # PROFILE=1 (cProfile of one extra load per mode, top functions in the JSON),
 # TRACE=1 (torch.profiler timeline of one extra load per mode, summarised in
-# the JSON by trace_summary.py), ROUND1=1 (also sharded with the exchange
-# after each layer, --exchange-round 1), REPEAT=1 (replicated and sharded
-# once more at the end: drift between launches).
+# the JSON by trace_summary.py).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
@@ -24,11 +22,5 @@ python3 $B --mode sharded --tokens 4096 --layers 5 --iters 2 --out $OUT/smoke.js
 for mode in replicated sharded copy_only; do
   python3 $B --mode $mode --iters ${ITERS:-10} ${PROFILE:+--profile} ${TRACE:+--trace} --out $OUT/$mode.json --timeout 300
 done
-[ -n "${ROUND1:-}" ] && python3 $B --mode sharded --exchange-round 1 --iters ${ITERS:-10} ${TRACE:+--trace} --out $OUT/sharded_round1.json --timeout 300
-if [ -n "${REPEAT:-}" ]; then
-  for mode in replicated sharded; do
-    python3 $B --mode $mode --iters ${ITERS:-10} --out $OUT/${mode}_rep.json --timeout 300
-  done
-fi
 python3 $B --mode gate --gate-iters ${GATE_ITERS:-2000} --out $OUT/gate.json --timeout 240
 [ -n "${NOGATE:-}" ] && python3 $B --mode gate --no-gate --gate-iters ${GATE_ITERS:-2000} --out $OUT/nogate.json --timeout 120

@@ -81,9 +81,6 @@ def worker(rank: int, world: int, args: dict) -> dict:
     fwd = torch.cuda.current_stream() if cuda else torch.cpu.current_stream()
     cc.load_fence_stream = fwd
     shard = getattr(cc, "rank_shard", None)
-    if shard is not None and args["exchange_round"]:
-        # A/B of the exchange schedule (default: a round of tp layers).
-        shard.exchange.round_layers = args["exchange_round"]
     if args["mode"] == "copy_only":
         from harness.rank_shard_scenarios import disable_exchange
 
@@ -101,7 +98,6 @@ def worker(rank: int, world: int, args: dict) -> dict:
         world=world,
         mode=args["mode"],
         sharded=shard is not None,
-        exchange_round=shard.exchange.round_layers if shard is not None else None,
         tokens=tokens,
         kv_host_layers=list(stack.kv_host._target_layer_indices),
         host_capacity_tokens=stack.kv_host.size,
@@ -308,12 +304,6 @@ def main():
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--timeout", type=float, default=400)
     ap.add_argument("--staging-mb", type=int, default=0, help="0: the default")
-    ap.add_argument(
-        "--exchange-round",
-        type=int,
-        default=0,
-        help="layers exchanged together (0: the default, tp; 1: after each layer)",
-    )
     ap.add_argument("--profile", action="store_true", help="cProfile one more load")
     ap.add_argument(
         "--trace", action="store_true", help="GPU timeline summary of one more load"
@@ -336,7 +326,6 @@ def main():
         device=a.device,
         profile=a.profile,
         trace=a.trace,
-        exchange_round=a.exchange_round,
     )
     t0 = time.perf_counter()
     try:
