@@ -1,10 +1,11 @@
 """The GPU ``sgl_kernel`` stand-in (tests/standins/gpu) on CPU.
 
-Its memoized page-run plans must never be stale, and its strided 2-D copies
-must write exactly what the per-page CPU stand-in (tests/standins/kvcacheio.py,
-the real op's semantics) writes. The CuPy ``memcpy2DAsync`` is replaced by a
-host ``memmove`` per row on CPU tensors, so the very addresses and pitches the
-GPU stand-in computes are exercised.
+Its memoized page-run plans must never be stale, and both its batched copies
+(one ``cudaMemcpyBatchAsync`` entry per page, as sglang-kernel issues them) and
+its strided 2-D copies must write exactly what the per-page CPU stand-in
+(tests/standins/kvcacheio.py, the real op's semantics) writes. The CUDA calls
+are replaced by host ``memmove``s on CPU tensors (per entry, per row), so the
+very addresses, sizes and pitches the GPU stand-in computes are exercised.
 """
 
 from __future__ import annotations
@@ -49,8 +50,15 @@ def gpu_standin(monkeypatch):
         for r in range(height):
             ctypes.memmove(dst + r * dst_pitch, src + r * src_pitch, width)
 
+    def memcpy_batch(dsts, srcs, sizes):
+        for d, s, n in zip(dsts.tolist(), srcs.tolist(), sizes.tolist()):
+            ctypes.memmove(d, s, n)
+
     monkeypatch.setattr(kvio, "cupy", object())  # take the 2-D copy branch
     monkeypatch.setattr(kvio, "_copy2d", memcpy2d)
+    # The batched copy's entries, applied by host memmoves (no CUDA here).
+    monkeypatch.setattr(kvio, "_copy_batch", memcpy_batch)
+    monkeypatch.setattr(kvio, "_use_batch", lambda: kvio.MODE == "batch")
     page_runs.clear()
     yield page_runs, kvio
     for name in ("sgl_kernel.page_runs", "sgl_kernel.kvcacheio"):
@@ -132,9 +140,11 @@ def _pf_host(pages, layers, ps, dim, gen):
     )
 
 
+@pytest.mark.parametrize("mode", ["batch", "2d"])
 @pytest.mark.parametrize("ps,dim", [(4, 24), (1, 40)])
-def test_copies_match_the_per_page_standin(gpu_standin, ps, dim):
+def test_copies_match_the_per_page_standin(gpu_standin, monkeypatch, ps, dim, mode):
     _, kvio = gpu_standin
+    monkeypatch.setattr(kvio, "MODE", mode)
     gen = torch.Generator().manual_seed(ps)
     rng = random.Random(ps)
     layers, host_pages, dev_pages, count = 3, 24, 32, 12
