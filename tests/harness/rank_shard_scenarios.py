@@ -76,9 +76,11 @@ def sharded_roundtrip(
     slots; ``direct_submit`` submits a load-back outside ``start_loading``.
     ``staging_bytes`` shrinks the exchange's staging buffer below the 1 MB
     that SGLANG_HICACHE_RANK_SHARD_STAGING_MB allows, so that a layer is
-    broadcast in several chunks.
+    broadcast in several chunks. The rank-shard log lines
+    (SGLANG_HICACHE_RANK_SHARD_LOG_EVERY) are returned as ``log``.
     """
     import dataclasses
+    import logging
 
     import torch.distributed as dist
 
@@ -95,6 +97,15 @@ def sharded_roundtrip(
     shard = getattr(cc, "rank_shard", None)
     if skip_exchange and shard is not None:
         disable_exchange(cc)
+    log = []
+
+    class _Keep(logging.Handler):
+        def emit(self, record):
+            log.append(record.getMessage())
+
+    shard_logger = logging.getLogger("sglang.srt.mem_cache.hicache_rank_shard")
+    shard_logger.addHandler(_Keep())
+    shard_logger.setLevel(logging.INFO)
     if staging_bytes is not None and shard is not None:
         plan = shard.exchange.plan
         plan.settings = dataclasses.replace(plan.settings, staging_bytes=staging_bytes)
@@ -186,6 +197,7 @@ def sharded_roundtrip(
         gate_event_set=(shard is not None and cc.rank_shard_gate.event is not None),
         bytes_sent=shard.exchange.bytes_sent if shard else 0,
         bytes_received=shard.exchange.bytes_received if shard else 0,
+        log=log,
     )
 
 

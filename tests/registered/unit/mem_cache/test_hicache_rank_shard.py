@@ -45,7 +45,11 @@ class _ShardedRun:
             sharded_roundtrip,
             cls.WORLD,
             timeout=600,
-            env={**ON, "SGLANG_HICACHE_RANK_SHARD_VERIFY_EVERY": "2"},
+            env={
+                **ON,
+                "SGLANG_HICACHE_RANK_SHARD_VERIFY_EVERY": "2",
+                "SGLANG_HICACHE_RANK_SHARD_LOG_EVERY": "3",
+            },
             seed=3,
             steps=36,
             layer_num=cls.LAYERS,
@@ -108,6 +112,15 @@ class _ShardedRun:
         self.assertEqual(total_received, total_sent * (self.WORLD - 1))
         self.assertTrue(all(r["gate_event_set"] for r in self.results))
         self.assertTrue(live)
+
+    def test_periodic_log_reports_this_ranks_counts(self):
+        events = self.results[0]["events"]
+        loads = sum(1 for e in events if e[0] == "load" and isinstance(e[2], list))
+        for r in self.results:
+            lines = [m for m in r["log"] if m.startswith("HiCache rank shard [rank")]
+            self.assertEqual(len(lines), loads // 3, r["log"])
+            self.assertIn(f"[rank {r['rank']}]: {loads // 3 * 3} loads", lines[-1])
+            self.assertIn("GB copied host->device by this rank", lines[-1])
 
 
 class TestRankShardFourRanks(_ShardedRun, unittest.TestCase):
