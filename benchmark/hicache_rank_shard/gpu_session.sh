@@ -6,7 +6,11 @@
 # Knobs: ITERS (loads per mode), GATE_ITERS, NOGATE=1 (also the ungated run),
 # PROFILE=1 (cProfile of one extra load per mode, top functions in the JSON),
 # TRACE=1 (torch.profiler timeline of one extra load per mode, summarised in
-# the JSON by trace_summary.py).
+# the JSON by trace_summary.py), REPEAT=1 (replicated and sharded
+# once more at the end: drift between launches), BATCH=1 (replicated,
+# sharded and copy_only also with the stand-in's sglang-kernel-like
+# cudaMemcpyBatchAsync instead of its strided 2-D copies,
+# SGL_STANDIN_COPY=batch), NCCL_SWEEP=1 (sharded under a few NCCL settings).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
@@ -22,5 +26,20 @@ python3 $B --mode sharded --tokens 4096 --layers 5 --iters 2 --out $OUT/smoke.js
 for mode in replicated sharded copy_only; do
   python3 $B --mode $mode --iters ${ITERS:-10} ${PROFILE:+--profile} ${TRACE:+--trace} --out $OUT/$mode.json --timeout 300
 done
+if [ -n "${REPEAT:-}" ]; then
+  for mode in replicated sharded; do
+    python3 $B --mode $mode --iters ${ITERS:-10} --out $OUT/${mode}_rep.json --timeout 300
+  done
+fi
+if [ -n "${BATCH:-}" ]; then
+  for mode in replicated sharded copy_only; do
+    SGL_STANDIN_COPY=batch python3 $B --mode $mode --iters ${ITERS:-10} --out $OUT/${mode}_batch.json --timeout 300
+  done
+fi
+if [ -n "${NCCL_SWEEP:-}" ]; then
+  for setting in NCCL_P2P_READ_ENABLE=0 NCCL_P2P_READ_ENABLE=1 NCCL_PROTO=Simple NCCL_PROTO=LL128; do
+    env $setting python3 $B --mode sharded --iters ${ITERS:-10} --out $OUT/sharded_${setting//=/_}.json --timeout 300
+  done
+fi
 python3 $B --mode gate --gate-iters ${GATE_ITERS:-2000} --out $OUT/gate.json --timeout 240
 [ -n "${NOGATE:-}" ] && python3 $B --mode gate --no-gate --gate-iters ${GATE_ITERS:-2000} --out $OUT/nogate.json --timeout 120

@@ -150,11 +150,15 @@ def worker(rank: int, world: int, args: dict) -> dict:
         out["profile"] = _profile_one_load(cc, host, alloc, sync)
     if args["trace"]:
         out["trace"] = _trace_one_load(cc, host, alloc, sync)
-    try:  # the GPU stand-in's page-run plan cache (tests/standins/gpu)
+    try:  # the GPU stand-in's copies and page-run plan cache (tests/standins/gpu)
+        from sgl_kernel import kvcacheio as standin
         from sgl_kernel.page_runs import stats
 
         out["standin_plan_cache"] = dict(stats)
-    except ImportError:
+        out["standin_copy"] = (
+            "batch" if standin._use_batch() else "2d" if standin.cupy else "page"
+        )
+    except (ImportError, AttributeError):
         pass
     out["load_wall_ms"] = [w for w, _, _ in loads]
     out["load_event_ms"] = [e for _, e, _ in loads]
@@ -346,6 +350,8 @@ def main():
         seconds=time.perf_counter() - t0,
         gpu=torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu",
         nccl_nvls_enable=os.environ.get("NCCL_NVLS_ENABLE"),
+        nccl_env={k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
+        standin_copy_env=os.environ.get("SGL_STANDIN_COPY"),
         results=results,
     )
     Path(a.out).write_text(json.dumps(record, indent=1))
@@ -357,6 +363,7 @@ def main():
             "restore_mismatches",
             "d2h_event_ms",
             "gate_bad_allreduce",
+            "standin_copy",
         )
         print({k: r.get(k) for k in keys}, "load ms:", r.get("load_event_ms", [])[:5])
         print("   submit ms:", [round(x, 1) for x in r.get("load_submit_ms", [])[:5]])
