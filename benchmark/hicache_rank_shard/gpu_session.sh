@@ -11,6 +11,9 @@
 # sharded and copy_only also with the stand-in's sglang-kernel-like
 # cudaMemcpyBatchAsync instead of its strided 2-D copies,
 # SGL_STANDIN_COPY=batch), NCCL_SWEEP=1 (sharded under a few NCCL settings).
+# The device tool brings back at most 8 files per call (smoke, replicated,
+# sharded, copy_only and gate are 5): add at most one of REPEAT, BATCH,
+# NCCL_SWEEP, NOGATE per call.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
