@@ -200,6 +200,17 @@ class TestTwoPhaseL3Prefetch(unittest.TestCase):
         self.assertEqual(r["status"], "ready")
         self.assertIn(r["restored_bytes_equal"], (True, None))
 
+    def test_two_phase_under_the_timeout_policy_promises_only_host_rows(self):
+        # timeout: the prefetch settles when it completes or its deadline
+        # passes; either way only what reached host memory is promised.
+        r = self._run("patched", fixes=True, policy="timeout")
+        self.assertGreaterEqual(r["admitted_at"], 1)  # held while prefetching
+        self.assertEqual(r["l3"], 0)
+        self.assertEqual(r["promised"], r["l1"] + r["l2"])
+        self.assertEqual(r["status"], "ready")
+        self.assertIn(r["restored_bytes_equal"], (True, None))
+        self.assertEqual(r["host_lock_refs"], 0)
+
     def test_flag_off_l3_admission_identical_to_upstream(self):
         up = self._run("upstream", fixes=False, policy="wait_complete")
         patched = self._run("patched", fixes=False, policy="wait_complete")
