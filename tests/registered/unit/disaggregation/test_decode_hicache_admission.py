@@ -211,6 +211,31 @@ class TestTwoPhaseL3Prefetch(unittest.TestCase):
         self.assertIn(r["restored_bytes_equal"], (True, None))
         self.assertEqual(r["host_lock_refs"], 0)
 
+    def test_two_phase_agrees_on_two_ranks(self):
+        # Two TP ranks (gloo) share the L3 directory: both hold the request
+        # for the same rounds, then promise and restore the same host rows.
+        with tempfile.TemporaryDirectory() as d:
+            results = run_scenario(
+                "patched",
+                L3,
+                2,
+                storage_dir=d,
+                fixes=True,
+                policy="wait_complete",
+                env={"SGLANG_ENABLE_RANK_CONSENSUS_CHECKER": "1"},
+            )
+        keys = ("admitted_at", "l1", "l2", "l3", "promised", "status")
+        first = {k: results[0][k] for k in keys}
+        self.assertGreaterEqual(first["admitted_at"], 1)
+        self.assertEqual(
+            (first["l3"], first["promised"]), (0, first["l1"] + first["l2"])
+        )
+        self.assertEqual(first["status"], "ready")
+        for r in results:
+            self.assertEqual({k: r[k] for k in keys}, first)
+            self.assertTrue(r["restored_bytes_equal"])
+            self.assertEqual(r["host_lock_refs"], 0)
+
     def test_flag_off_l3_admission_identical_to_upstream(self):
         up = self._run("upstream", fixes=False, policy="wait_complete")
         patched = self._run("patched", fixes=False, policy="wait_complete")
