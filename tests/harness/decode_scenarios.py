@@ -478,6 +478,22 @@ def peek_vs_match(rank: int, world_size: int, *, seed: int = 0, rounds: int = 60
     )
 
 
+def _stack_with_cached_prefixes(rank, world_size, seed, pages, count=3):
+    """A patched decode stack with ``count`` random prefixes of ``pages`` pages
+    cached (device and host); returns the stack, the seeded token RNG (for
+    the caller's further tokens) and the prefixes."""
+    from harness.decode_stack import random_tokens
+
+    stack = _stack(rank, world_size, True, size=1024)
+    ps = stack.page_size
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    prefixes = [random_tokens(rng, pages * ps) for _ in range(count)]
+    for p in prefixes:
+        stack.cache_prefix(p, gen)
+    return stack, rng, prefixes
+
+
 def planned_then_released(rank: int, world_size: int, *, seed: int = 4) -> dict:
     """Abort in the planned phase: plan a batch (matches locked, host spans
     locked, batch eviction done), release it without committing, then admit
@@ -489,13 +505,8 @@ def planned_then_released(rank: int, world_size: int, *, seed: int = 4) -> dict:
 
     from harness.decode_stack import random_tokens
 
-    stack = _stack(rank, world_size, True, size=1024)
+    stack, rng, prefixes = _stack_with_cached_prefixes(rank, world_size, seed, 12)
     ps = stack.page_size
-    rng = random.Random(seed)
-    gen = torch.Generator().manual_seed(seed)
-    prefixes = [random_tokens(rng, 12 * ps) for _ in range(3)]
-    for p in prefixes:
-        stack.cache_prefix(p, gen)
     stack.evict_device(12 * ps)  # one prefix is host-only now
     start = stack.snapshot()
     reqs = [
@@ -566,13 +577,8 @@ def plan_digest(rank: int, world_size: int, *, diverge_rank=None, seed: int = 4)
 
     from harness.decode_stack import random_tokens
 
-    stack = _stack(rank, world_size, True, size=1024)
+    stack, rng, prefixes = _stack_with_cached_prefixes(rank, world_size, seed, 16)
     ps = stack.page_size
-    rng = random.Random(seed)
-    gen = torch.Generator().manual_seed(seed)
-    prefixes = [random_tokens(rng, 16 * ps) for _ in range(3)]
-    for p in prefixes:
-        stack.cache_prefix(p, gen)
     if rank == diverge_rank:
         stack.prealloc.num_reserved_decode_tokens += 8 * ps
     reqs = [
