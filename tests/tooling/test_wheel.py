@@ -107,14 +107,18 @@ def test_installs_reports_label_and_pip_prefers_it(built):
         check=True,
     )
     # sglang's import needs torch & co: borrow this test venv's site-packages
-    # *after* the scratch venv's own, so the scratch sglang is the one imported.
+    # *after* the scratch venv's own, so the scratch sglang is the one imported;
+    # addsitedir also runs that venv's .pth hooks (the torchvision stand-in).
     site = subprocess.run(
         [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True,
         text=True,
         check=True,
     ).stdout.strip()
-    Path(site, "zz_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    borrowed = sysconfig.get_paths()["purelib"]
+    Path(site, "zz_test_deps.pth").write_text(
+        f"import site; site.addsitedir({borrowed!r})\n"
+    )
     proc = subprocess.run(
         [py, "-c", "import sglang; print(sglang.__version__); print(sglang.__file__)"],
         capture_output=True,
