@@ -11,10 +11,10 @@ import torch
 from torchvision.transforms.functional import InterpolationMode
 
 print("has_ops", torchvision.extension._has_ops())
-hooks = [m for m in sys.modules if m == "_sglang_tests_torchvision_ops"]
-print("hook", bool(hooks))
-if hooks:
-    print("declared", sys.modules[hooks[0]]._LIBRARY is not None)
+hook = sys.modules.get("_sglang_tests_torchvision_ops")
+print("hook", hook is not None)
+if hook is not None:
+    print("declared", hook._LIBRARY is not None)
 try:
     torchvision.ops.nms(torch.zeros(1, 4), torch.zeros(1), 0.5)
     print("nms ran")
