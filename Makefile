@@ -2,18 +2,23 @@
 #
 #   make wheel            # fetch + verify the pinned wheel, apply the series, pack dist/*.whl
 #   make test             # .venv with the CPU deps + the built wheel, lint, pytest
+#   make serve-cpu        # the patched server on CPU (tiny local model), foreground
 #
 # Variables: PYTHON (the interpreter whose tag the wheel gets), PYTHON_TAG and
 # WHEEL_PLATFORM (cross-target, e.g. cp312 / manylinux_2_34_aarch64), LABEL
 # (local version label), FORCE=1 (apply over unexported work), GROUP (refresh:
-# the series group new commits go to), FEATURE (pr), PYTEST_ARGS.
+# the series group new commits go to), FEATURE (pr), PYTEST_ARGS, PORT and
+# SERVER_ARGS (serve-cpu).
 
 PYTHON ?= python3
 VENV ?= .venv
 TOOLS := build/tools
 export PYTHON_TAG WHEEL_PLATFORM LABEL FORCE GROUP
 
-.PHONY: all fetch apply refresh wheel venv install test lint pytest check-series pr clean distclean
+PORT ?= 30000
+SERVER_ARGS ?=
+
+.PHONY: all sysdeps fetch apply refresh wheel venv install model serve-cpu test lint pytest check-series pr clean distclean
 
 all: wheel
 
@@ -40,10 +45,13 @@ wheel: $(TOOLS)/.stamp
 # --no-cache-dir: the venv is the only copy (CI's disk is small).  The
 # torchvision stand-in hook only acts where torchvision's C++ ops cannot load
 # (tests/standins/torchvision_ops.py says why).
-$(VENV)/.stamp: requirements/test-cpu.txt requirements/lint.txt tests/standins/torchvision_ops.py
+# tests/standins/cpu_server.py hooks the CPU-server stand-ins into processes
+# started with SGLANG_TEST_CPU_SERVER_STANDINS=1 (live tests, serve-cpu) only.
+$(VENV)/.stamp: requirements/test-cpu.txt requirements/lint.txt tests/standins/torchvision_ops.py tests/standins/cpu_server.py
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --no-cache-dir -r requirements/test-cpu.txt -r requirements/lint.txt
 	$(VENV)/bin/python tests/standins/torchvision_ops.py
+	$(VENV)/bin/python tests/standins/cpu_server.py
 	touch $@
 
 venv: $(VENV)/.stamp
@@ -52,16 +60,29 @@ venv: $(VENV)/.stamp
 install: venv wheel
 	$(VENV)/bin/python -m pip install -q --no-deps --force-reinstall dist/sglang-*.whl
 
+# The tiny local model of the live tests and serve-cpu (build/tiny-llama).
+model: venv
+	$(VENV)/bin/python scripts/tiny_model.py
+
+# The drop-in server from the built wheel, on CPU, in the foreground on
+# 127.0.0.1:$(PORT); Ctrl-C / SIGTERM stop it and everything it started.
+serve-cpu: install model
+	$(VENV)/bin/python scripts/cpu_server.py --port $(PORT) -- $(SERVER_ARGS)
+
 lint: venv
 	$(VENV)/bin/python -m black --check scripts tests benchmark
 	$(VENV)/bin/python -m isort --check-only scripts tests benchmark
 	$(VENV)/bin/python -m ruff check scripts tests benchmark
 	$(VENV)/bin/codespell scripts tests benchmark README.md
 
-pytest: install
+pytest: sysdeps install model
 	$(VENV)/bin/python -m pytest tests $(PYTEST_ARGS)
 
-test: lint pytest
+test: sysdeps lint pytest
+
+# quilt, patch, g++, libssl-dev (installed with apt-get when missing)
+sysdeps:
+	@scripts/sysdeps.sh
 
 # The series also applies with plain `patch -p1 --fuzz=0` and `quilt push -a`
 # (tests/tooling/test_series.py runs both; this target is the manual check).

@@ -1,0 +1,182 @@
+"""The patched sglang server on a CPU-only machine (``make serve-cpu``).
+
+``python scripts/cpu_server.py [--port P] [-- SERVER_ARGS...]`` builds the tiny
+local model (``scripts/tiny_model.py``, cached under ``build/``), then runs
+``python -m sglang.launch_server`` of this interpreter's sglang in the
+foreground, bound to 127.0.0.1, with the environment and flags that make the
+CPU engine work.  SIGINT / SIGTERM stop the server and every process it
+started (TERM, then KILL after a grace period); nothing is left behind.
+
+The live-server tests take ``server_env`` and ``server_args`` from here so
+the tests and the documented command start the same server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tiny_model  # noqa: E402
+
+HOST = "127.0.0.1"
+STOP_GRACE_S = 15.0
+DEFAULT_MAX_TOTAL_TOKENS = 16384
+
+# Flags the CPU engine needs; everything else is the user's (SERVER_ARGS).
+CPU_FLAGS = (
+    "--device",
+    "cpu",
+    "--attention-backend",
+    "torch_native",
+    "--sampling-backend",
+    "pytorch",
+    "--disable-cuda-graph",
+    "--skip-server-warmup",
+)
+
+
+def dp_size_of(args: list[str]) -> int:
+    for i, arg in enumerate(args):
+        for flag in ("--dp-size", "--dp", "--data-parallel-size"):
+            if arg == flag and i + 1 < len(args):
+                return int(args[i + 1])
+            if arg.startswith(flag + "="):
+                return int(arg.split("=", 1)[1])
+    return 1
+
+
+def omp_bind(dp_size: int) -> str:
+    """``SGLANG_CPU_OMP_THREADS_BIND``: this machine's cores split over the DP
+    ranks (a rank shares a core when there are fewer cores than ranks)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if dp_size <= len(cores):
+        per = len(cores) // dp_size
+        groups = [cores[i * per : (i + 1) * per] for i in range(dp_size)]
+    else:
+        groups = [[cores[i % len(cores)]] for i in range(dp_size)]
+    return "|".join(",".join(str(c) for c in g) for g in groups)
+
+
+def server_env(extra_args: list[str] | None = None, base: dict | None = None) -> dict:
+    env = dict(os.environ if base is None else base)
+    env.update(
+        SGLANG_USE_CPU_ENGINE="1",  # else RotaryEmbedding falls back to vllm
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        # tests/standins/cpu_server.py: sgl_kernel names, pinned memory, kvcacheio
+        SGLANG_TEST_CPU_SERVER_STANDINS="1",
+        PYTHONUNBUFFERED="1",
+    )
+    dp = dp_size_of(list(extra_args or []))
+    if dp > 1:  # startup aborts at DP > 1 without it
+        env.setdefault("SGLANG_CPU_OMP_THREADS_BIND", omp_bind(dp))
+    # The server's console scripts live beside this interpreter.
+    bindir = str(Path(sys.executable).parent)
+    env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def server_args(model: Path | str, port: int, extra: list[str] | None = None):
+    extra = list(extra or [])
+    # A bounded KV pool: the CPU engine otherwise sizes it from free memory
+    # (0.95 of it), which a DP>1 launch cannot even determine.
+    if not any(a.split("=")[0] == "--max-total-tokens" for a in extra):
+        extra = ["--max-total-tokens", str(DEFAULT_MAX_TOTAL_TOKENS)] + extra
+    return [
+        "--model-path",
+        str(model),
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        *CPU_FLAGS,
+        *extra,
+    ]
+
+
+def process_tree(pid: int) -> list[int]:
+    import psutil
+
+    try:
+        parent = psutil.Process(pid)
+        return [pid] + [c.pid for c in parent.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def stop_tree(proc: subprocess.Popen, grace: float = STOP_GRACE_S) -> list[int]:
+    """Stop a launched server and every process it started.
+
+    The tree's PIDs are collected first (once the launcher is gone its children
+    cannot be found from it), then the launcher gets SIGTERM and shuts its
+    children down itself; after ``grace`` seconds whatever of the tree is left
+    is killed.  Returns the PIDs that needed SIGKILL.
+    """
+    import psutil
+
+    tree = []
+    for pid in process_tree(proc.pid):
+        try:
+            tree.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    try:
+        proc.send_signal(signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    _, alive = psutil.wait_procs(tree, timeout=grace)
+    killed = []
+    for p in alive:
+        try:
+            p.kill()
+            killed.append(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    return killed
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("server_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    extra = [a for a in args.server_args if a != "--"]
+    model = tiny_model.ensure()
+    cmd = [sys.executable, "-m", "sglang.launch_server"]
+    cmd += server_args(model, args.port, extra)
+    print("+ " + " ".join(cmd), flush=True)
+    # Own session, so a signal to our process group reaches us once and we stop
+    # the whole server tree in order.
+    proc = subprocess.Popen(cmd, env=server_env(extra), start_new_session=True)
+    stopping = []
+
+    def on_signal(signum, frame):
+        stopping.append(signum)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    while proc.poll() is None and not stopping:
+        time.sleep(0.2)
+    if stopping:
+        print(f"stopping the server (signal {stopping[0]})", flush=True)
+        stop_tree(proc)
+        return 0
+    # The server exited on its own: make sure nothing it started lingers.
+    stop_tree(proc, grace=2.0)
+    return proc.returncode or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

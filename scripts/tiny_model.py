@@ -1,0 +1,117 @@
+"""Make a tiny Llama-family model locally: no download, deterministic.
+
+``python scripts/tiny_model.py [DIR]`` writes a ``LlamaForCausalLM`` (2 layers,
+hidden 128, 4 heads / 2 KV heads, vocab 2048, random bf16 weights, seed 0) as
+safetensors, plus a byte-level BPE tokenizer trained here on generated text,
+into ``DIR`` (default ``build/tiny-llama``) and prints ``DIR``.  It is rebuilt
+only when ``DIR/.stamp`` is missing or does not match this script's version.
+The text it produces is garbage; the engine that produces it is real, which is
+what the live-server tests and ``make serve-cpu`` need.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_DIR = ROOT / "build" / "tiny-llama"
+VERSION = "tiny-llama-v1"
+VOCAB = 2048
+CONTEXT = 4096
+
+WORDS = (
+    "cache prefix token rank host device page layer tree radix decode prefill "
+    "router batch request server model kernel stream copy shard budget queue "
+    "the a of to and in is for on with as by at from that this it be are was"
+).split()
+
+
+def corpus(lines: int = 4000, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(lines):
+        n = rng.randint(4, 24)
+        words = [rng.choice(WORDS) for _ in range(n)]
+        if i % 3 == 0:
+            words.append(str(rng.randint(0, 99999)))
+        out.append(" ".join(words) + rng.choice([".", "?", "!", ","]))
+    return out
+
+
+def build_tokenizer(out: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=["<s>", "</s>", "<pad>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        model_max_length=CONTEXT,
+    )
+    fast.save_pretrained(out)
+
+
+def build_model(out: Path, vocab_size: int) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=CONTEXT,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
+        torch_dtype="bfloat16",
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(out, safe_serialization=True)
+
+
+def ensure(target: Path = DEFAULT_DIR) -> Path:
+    stamp = target / ".stamp"
+    if stamp.is_file() and stamp.read_text().strip() == VERSION:
+        return target
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    build_tokenizer(tmp)
+    vocab = len(json.loads((tmp / "tokenizer.json").read_text())["model"]["vocab"])
+    build_model(tmp, max(vocab, 3))
+    (tmp / ".stamp").write_text(VERSION + "\n")
+    # Replace the old copy only once the new one is complete.
+    if target.exists():
+        old = target.with_name(target.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(target, old)
+        os.replace(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, target)
+    return target
+
+
+if __name__ == "__main__":
+    print(ensure(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_DIR))

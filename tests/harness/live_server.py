@@ -1,0 +1,171 @@
+"""A real ``sglang`` server on CPU for the live tests (one at a time).
+
+``LiveServer("patched" | "upstream", extra_args)`` starts ``sglang serve`` of
+the tiny local model through upstream's ``popen_launch_server`` on 127.0.0.1
+with the CPU environment of ``scripts/cpu_server.py`` (the same one
+``make serve-cpu`` uses).  ``upstream`` puts the pristine unpacked 0.5.23 wheel
+first on ``PYTHONPATH``, so the same venv serves unpatched upstream.  The
+server's stdout/stderr go to files that are printed when a start fails or a
+test using it fails; ``stop()`` stops it by PID with its whole process tree.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+TESTS_DIR = Path(__file__).resolve().parent.parent
+ROOT = TESTS_DIR.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+try:
+    import cpu_server  # noqa: E402
+    import tiny_model  # noqa: E402
+finally:
+    sys.path.pop(0)
+
+# Startup on 2 busy cores: ~35-45 s single, 60-120 s at DP=2; allow 3x that.
+START_TIMEOUT_S = {1: 240.0, 2: 420.0, 4: 600.0}
+REQUEST_TIMEOUT_S = 120.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((cpu_server.HOST, 0))
+        return s.getsockname()[1]
+
+
+def model_path() -> Path:
+    return tiny_model.ensure()
+
+
+class LiveServer:
+    def __init__(
+        self,
+        tree: str,
+        extra_args: list[str] | None = None,
+        env: dict | None = None,
+        name: str = "server",
+    ):
+        from sglang.test.test_utils import popen_launch_server
+
+        self.tree = tree
+        self.extra_args = list(extra_args or [])
+        self.port = free_port()
+        self.base_url = f"http://{cpu_server.HOST}:{self.port}"
+        self.logdir = Path(tempfile.mkdtemp(prefix=f"live-{name}-"))
+        self.stdout_path = self.logdir / "stdout.log"
+        self.stderr_path = self.logdir / "stderr.log"
+        dp = cpu_server.dp_size_of(self.extra_args)
+        child_env = cpu_server.server_env(self.extra_args)
+        if tree == "upstream":
+            from harness.compare import upstream_tree
+
+            child_env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (str(upstream_tree()), child_env.get("PYTHONPATH")) if p
+            )
+        elif tree != "patched":
+            raise ValueError(f"unknown tree {tree!r}")
+        child_env.update(env or {})
+        args = cpu_server.server_args(model_path(), self.port, self.extra_args)
+        # popen_launch_server adds --model-path/--host/--port itself.
+        other = args[6:]
+        self.proc = None
+        self._out = open(self.stdout_path, "w")
+        self._err = open(self.stderr_path, "w")
+        try:
+            self.proc = popen_launch_server(
+                str(model_path()),
+                self.base_url,
+                timeout=START_TIMEOUT_S.get(dp, 600.0),
+                other_args=other,
+                env=child_env,
+                return_stdout_stderr=(self._out, self._err),
+                device="cpu",
+            )
+        except Exception as exc:
+            self._close_logs()
+            raise RuntimeError(
+                f"{tree} server failed to start: {exc}\n{self.log_tail()}"
+            ) from exc
+
+    # -- requests ---------------------------------------------------------
+    def generate(self, payload: dict, timeout: float = REQUEST_TIMEOUT_S) -> dict:
+        resp = requests.post(f"{self.base_url}/generate", json=payload, timeout=timeout)
+        if resp.status_code != 200:
+            raise AssertionError(
+                f"/generate answered {resp.status_code}: {resp.text[:500]}"
+            )
+        return resp.json()
+
+    def post_raw(self, path: str, data, timeout: float = REQUEST_TIMEOUT_S):
+        headers = {"Content-Type": "application/json"}
+        if not isinstance(data, (str, bytes)):
+            data = json.dumps(data)
+        return requests.post(
+            f"{self.base_url}{path}", data=data, headers=headers, timeout=timeout
+        )
+
+    def get(self, path: str, timeout: float = 30.0):
+        return requests.get(f"{self.base_url}{path}", timeout=timeout)
+
+    # -- logs and shutdown ------------------------------------------------
+    def log_text(self) -> str:
+        parts = []
+        for path in (self.stdout_path, self.stderr_path):
+            if path.exists():
+                parts.append(path.read_text(errors="replace"))
+        return "\n".join(parts)
+
+    def log_tail(self, chars: int = 8000) -> str:
+        text = self.log_text()
+        return f"--- server log ({self.logdir}) ---\n" + text[-chars:]
+
+    def _close_logs(self):
+        for f in (self._out, self._err):
+            if not f.closed:
+                f.close()
+
+    def stop(self) -> list[int]:
+        """Stop the server and its process tree; returns the tree's PIDs."""
+        if self.proc is None:
+            return []
+        pids = cpu_server.process_tree(self.proc.pid)
+        cpu_server.stop_tree(self.proc)
+        self.proc = None
+        self._close_logs()
+        return pids
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def assert_all_gone(pids: list[int], timeout: float = 30.0) -> None:
+    """Every PID of a stopped server's tree has exited (no orphan left)."""
+    import psutil
+
+    def running(pid):
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + timeout
+    alive = [p for p in pids if running(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.5)
+        alive = [p for p in alive if running(p)]
+    assert not alive, f"processes left behind: {alive}"
+
+
+def greedy(max_new_tokens: int = 8, **extra) -> dict:
+    return {"temperature": 0, "max_new_tokens": max_new_tokens, **extra}

@@ -1,0 +1,164 @@
+"""Stand-ins that let a real ``sglang.launch_server`` run on a CPU-only machine.
+
+Active only in processes started with ``SGLANG_TEST_CPU_SERVER_STANDINS=1``
+(the live-server tests and ``make serve-cpu`` set it); ``make venv`` installs
+this module into the test venv as a ``.pth`` hook so the server's spawned
+scheduler and detokenizer processes get it too.  Elsewhere it does nothing.
+
+* ``sgl_kernel``: sglang's CPU engine (``SGLANG_USE_CPU_ENGINE=1``) imports
+  ``*_cpu`` names from ``sgl_kernel`` at module level (``cache_move.py`` and
+  others), and sgl-kernel's CPU build is not on PyPI.  When no real
+  ``sgl_kernel`` can be found, a lazy module provides any name (and any
+  submodule); calling one raises ``NotImplementedError`` naming it, so a path
+  that would need a real kernel fails loudly instead of computing nothing.
+  With no AMX ops registered the CPU engine takes its plain torch paths, which
+  is all a tiny model needs.
+* HiCache: the host pools pin their buffers with ``cudaHostRegister`` ("Torch
+  not compiled with CUDA enabled" on CPU) and bind the ``sgl_kernel.kvcacheio``
+  direct-copy ops only on CUDA/ROCm.  When a host-pool module is imported, the
+  stand-ins of ``standins.pinned_memory`` and ``standins.kvcacheio`` (torch
+  copies with the real ops' per-page semantics) are bound into it.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import types
+
+ENV = "SGLANG_TEST_CPU_SERVER_STANDINS"
+_POOL_MODULES = {
+    "sglang.srt.mem_cache.pool_host.common": "pinned",
+    "sglang.srt.mem_cache.pool_host.mha": "kvcacheio",
+    "sglang.srt.mem_cache.pool_host.mla": "kvcacheio",
+    "sglang.srt.mem_cache.pool_host.dsa": "kvcacheio",
+}
+_KVCACHEIO_NAMES = (
+    "transfer_kv_all_layer_direct_lf_pf",
+    "transfer_kv_per_layer_direct_pf_lf",
+)
+
+
+class KernelStandIn:
+    """A name imported from the stand-in ``sgl_kernel``; raises when called."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __call__(self, *args, **kwargs):
+        raise NotImplementedError(
+            f"{self._name} is a CPU-server test stand-in: sgl_kernel is not "
+            "installed, and this path needs a real kernel"
+        )
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return KernelStandIn(f"{self._name}.{attr}")
+
+    def __repr__(self) -> str:
+        return f"<sgl_kernel stand-in {self._name}>"
+
+
+class _LazyKernelModule(types.ModuleType):
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        value = KernelStandIn(f"{self.__name__}.{attr}")
+        setattr(self, attr, value)
+        return value
+
+
+class _KernelLoader(importlib.abc.Loader):
+    def create_module(self, spec):
+        module = _LazyKernelModule(spec.name)
+        module.__path__ = []  # a package: submodules come from the finder too
+        module.__version__ = "0.0.0+cpu-server-standin"
+        return module
+
+    def exec_module(self, module):
+        return None
+
+
+class _PatchAfterExec(importlib.abc.Loader):
+    def __init__(self, loader, kind: str):
+        self._loader = loader
+        self._kind = kind
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        if self._kind == "pinned":
+            from standins import pinned_memory
+
+            module._cuda_host_register = pinned_memory._cuda_host_register_standin
+        else:
+            from standins import kvcacheio
+
+            for name in _KVCACHEIO_NAMES:
+                setattr(module, name, getattr(kvcacheio, name))
+
+
+class CpuServerFinder(importlib.abc.MetaPathFinder):
+    def __init__(self):
+        self._real_kernel = None
+
+    def _real_spec(self, fullname, path):
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path)
+            if spec is not None:
+                return spec
+        return None
+
+    def find_spec(self, fullname, path=None, target=None):
+        top = fullname.partition(".")[0]
+        if top == "sgl_kernel":
+            if self._real_kernel is None:
+                self._real_kernel = self._real_spec("sgl_kernel", None) is not None
+            if self._real_kernel:
+                return None
+            return importlib.machinery.ModuleSpec(
+                fullname, _KernelLoader(), is_package=True
+            )
+        kind = _POOL_MODULES.get(fullname)
+        if kind is None:
+            return None
+        spec = self._real_spec(fullname, path)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _PatchAfterExec(spec.loader, kind)
+        return spec
+
+
+def install_hook(tests_dir: str) -> None:
+    if os.environ.get(ENV) != "1":
+        return
+    if any(isinstance(f, CpuServerFinder) for f in sys.meta_path):
+        return
+    if tests_dir not in sys.path:
+        sys.path.append(tests_dir)
+    sys.meta_path.insert(0, CpuServerFinder())
+
+
+def install_into_venv(site_packages: str) -> None:
+    """Copy this module into ``site_packages`` with a ``.pth`` line that hooks it."""
+    name = "_sglang_tests_cpu_server"
+    tests_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(__file__, encoding="utf-8") as src:
+        code = src.read()
+    with open(os.path.join(site_packages, name + ".py"), "w", encoding="utf-8") as dst:
+        dst.write(code)
+    with open(os.path.join(site_packages, name + ".pth"), "w", encoding="utf-8") as dst:
+        dst.write(f"import {name}; {name}.install_hook({tests_dir!r})\n")
+
+
+if __name__ == "__main__":
+    import sysconfig
+
+    install_into_venv(sysconfig.get_paths()["purelib"])
