@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # System packages the build and the tests need: quilt and patch (series
 # checks), g++ and OpenSSL headers (sglang JIT-builds its HiCache hash
-# extension on first use).  Installs the missing ones with apt-get (as root, or
+# extension on first use), libibverbs1 and librdmacm1 (mooncake, live PD test).  Installs the missing ones with apt-get (as root, or
 # through passwordless sudo); otherwise names them and exits 2.
 set -euo pipefail
 
@@ -10,6 +10,9 @@ command -v quilt >/dev/null || missing+=(quilt)
 command -v patch >/dev/null || missing+=(patch)
 command -v g++ >/dev/null || missing+=(g++)
 [ -f /usr/include/openssl/sha.h ] || missing+=(libssl-dev)
+# mooncake's transfer engine (live PD test) links them even in TCP-only mode.
+ldconfig -p 2>/dev/null | grep -q "libibverbs.so.1 " || missing+=(libibverbs1)
+ldconfig -p 2>/dev/null | grep -q "librdmacm.so.1 " || missing+=(librdmacm1)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -eq 0 ]; then

@@ -18,6 +18,11 @@ scheduler and detokenizer processes get it too.  Elsewhere it does nothing.
   direct-copy ops only on CUDA/ROCm.  When a host-pool module is imported, the
   stand-ins of ``standins.pinned_memory`` and ``standins.kvcacheio`` (torch
   copies with the real ops' per-page semantics) are bound into it.
+* PD transfer (mooncake): a prefill sender that ``supports_host_tensor_indices``
+  stages page indices in pinned host memory behind a ``torch.cuda.Event``
+  (``prefill.py`` ``_send_kv_chunk``); on CPU neither exists.  The stand-in sets
+  ``MooncakeKVSender.supports_host_tensor_indices = False``, so the prefill
+  takes its other branch (``kv_to_page_indices``, same pages, synchronous).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ _POOL_MODULES = {
     "sglang.srt.mem_cache.pool_host.mha": "kvcacheio",
     "sglang.srt.mem_cache.pool_host.mla": "kvcacheio",
     "sglang.srt.mem_cache.pool_host.dsa": "kvcacheio",
+    "sglang.srt.disaggregation.mooncake.conn": "mooncake",
 }
 _KVCACHEIO_NAMES = (
     "transfer_kv_all_layer_direct_lf_pf",
@@ -97,6 +103,8 @@ class _PatchAfterExec(importlib.abc.Loader):
             from standins import pinned_memory
 
             module._cuda_host_register = pinned_memory._cuda_host_register_standin
+        elif self._kind == "mooncake":
+            module.MooncakeKVSender.supports_host_tensor_indices = False
         else:
             from standins import kvcacheio
 

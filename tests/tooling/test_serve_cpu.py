@@ -1,0 +1,100 @@
+"""``make serve-cpu``: the README's example request served by the documented
+command, and SIGTERM to its process group leaving no process behind."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import unittest
+from pathlib import Path
+
+import psutil
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from harness.live_server import START_TIMEOUT_S, free_port  # noqa: E402
+
+
+def readme_example() -> dict:
+    """The JSON body of the README's ``curl .../generate`` example."""
+    text = (ROOT / "README.md").read_text()
+    match = re.search(
+        r"curl -s 127\.0\.0\.1:30000/generate .*?-d '(\{.*?\})'", text, re.S
+    )
+    assert match, "README has no serve-cpu example request"
+    return json.loads(match.group(1))
+
+
+class TestServeCpu(unittest.TestCase):
+    def test_make_target_runs_the_cpu_server(self):
+        out = subprocess.run(
+            ["make", "-n", "serve-cpu", "PORT=31234", "SERVER_ARGS=--dp-size 2"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        self.assertIn("scripts/cpu_server.py --port 31234 -- --dp-size 2", out)
+
+    def test_example_request_and_sigterm(self):
+        port = free_port()
+        proc = subprocess.Popen(
+            [sys.executable, "scripts/cpu_server.py", "--port", str(port)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # its own process group, like a terminal job
+        )
+        tree = []
+        try:
+            deadline = time.monotonic() + START_TIMEOUT_S[1]
+            while time.monotonic() < deadline and proc.poll() is None:
+                try:
+                    if requests.get(f"http://127.0.0.1:{port}/health", timeout=5).ok:
+                        break
+                except requests.RequestException:
+                    pass
+                time.sleep(2)
+            self.assertIsNone(proc.poll(), "serve-cpu exited")
+            body = readme_example()
+            resp = requests.post(
+                f"http://127.0.0.1:{port}/generate", json=body, timeout=120
+            )
+            self.assertEqual(resp.status_code, 200, resp.text[:500])
+            want = body["sampling_params"]["max_new_tokens"]
+            self.assertEqual(len(resp.json()["output_ids"]), want)
+            tree = [proc.pid] + [
+                c.pid for c in psutil.Process(proc.pid).children(recursive=True)
+            ]
+            self.assertGreaterEqual(len(tree), 3)  # wrapper, launcher, workers
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                output, _ = proc.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                output, _ = proc.communicate()
+                self.fail("serve-cpu did not stop on SIGTERM")
+        self.assertEqual(proc.returncode, 0, output[-3000:])
+        deadline = time.monotonic() + 30
+        alive = tree
+        while alive and time.monotonic() < deadline:
+            alive = [p for p in tree if psutil.pid_exists(p) and not _zombie(p)]
+            time.sleep(0.5)
+        self.assertEqual(alive, [], "left behind after SIGTERM")
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+if __name__ == "__main__":
+    unittest.main()
