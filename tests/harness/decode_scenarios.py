@@ -3,6 +3,8 @@ tree (``harness.compare.run_scenario``) on gloo ranks.
 
 ``fixes=True`` passes ``--disaggregation-decode-enable-hicache`` (only the
 patched tree knows it); without it both trees must behave identically.
+``tree_core`` picks the radix tree core, ``"python"`` or ``"rust"`` (0.5.23's
+default); every scenario runs on either.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def host_span_restore(
     evict_host_first: bool = True,
     abort_queued: bool = False,
     abort_restoring: bool = False,
+    tree_core: str = "python",
 ) -> dict:
     """A prefix cached only in host memory is promised to prefill; host
     eviction runs before the restore is queued (host pressure from other
@@ -40,7 +43,7 @@ def host_span_restore(
 
     from harness.decode_stack import random_tokens
 
-    stack = _stack(rank, world_size, fixes, size=1024)
+    stack = _stack(rank, world_size, fixes, size=1024, tree_core=tree_core)
     rng = random.Random(7)
     gen = torch.Generator().manual_seed(7)
     prefix = random_tokens(rng, 256)
@@ -58,7 +61,7 @@ def host_span_restore(
             failed=[d.req.rid for d in failed],
             start=start,
             after=stack.snapshot(),
-            host_lock_refs=_host_lock_refs(stack.cache),
+            host_lock_refs=_host_lock_refs(stack),
             sglang=_sglang_identity(),
         )
     admitted, _ = stack.admit()
@@ -77,7 +80,7 @@ def host_span_restore(
         out.update(
             start=start,
             after=stack.snapshot(),
-            host_lock_refs=_host_lock_refs(stack.cache),
+            host_lock_refs=_host_lock_refs(stack),
             sglang=_sglang_identity(),
         )
         return out
@@ -89,7 +92,7 @@ def host_span_restore(
     out["status"] = dr.hicache_restore_status.value
     _finish_or_abort(stack, dr, cached, out)
     out["after"] = stack.snapshot()
-    out["host_lock_refs"] = _host_lock_refs(stack.cache)
+    out["host_lock_refs"] = _host_lock_refs(stack)
     out["sglang"] = _sglang_identity()
     return out
 
@@ -113,15 +116,35 @@ def _finish_or_abort(stack, dr, cached, out) -> None:
     stack.finish(dr)
 
 
-def _host_lock_refs(cache) -> int:
-    core = cache.tree_core
+def _host_lock_refs(stack) -> int:
+    """Host lock refs left in the tree. The Python core's are summed over its
+    nodes (and checked against the receipt count: both zero or both not);
+    the Rust core's binding has no per-node view, so there it is the host-lock
+    receipts still outstanding (``HostLockCounter``)."""
+    outstanding = stack.host_locks.outstanding
+    if stack.tree_core != "python":
+        return outstanding
     total = 0
-    stack = [core.root_node]
-    while stack:
-        node = stack.pop()
+    todo = [stack.cache.tree_core.root_node]
+    while todo:
+        node = todo.pop()
         total += sum(cd.host_lock_ref for cd in node.component_data)
-        stack.extend(node.children.values())
+        todo.extend(node.children.values())
+    assert (total == 0) == (outstanding == 0), (total, outstanding)
     return total
+
+
+class HostLenUnused:
+    """Stands in for ``peek_prefix``'s host length: any use of it (arithmetic,
+    comparison, truth value, conversion, formatting) raises."""
+
+    def _used(self, *args):
+        raise AssertionError("peek_prefix's host length was used")
+
+    __bool__ = __int__ = __index__ = __float__ = __format__ = _used
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _used
+    __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = _used
+    __hash__ = None
 
 
 def admission_sim(
@@ -142,6 +165,8 @@ def admission_sim(
     restore_every: int = 1,
     consensus_checker: bool = False,
     diverge_rank: int | None = None,
+    host_len_unused: bool = False,
+    tree_core: str = "python",
 ) -> dict:
     """Decode admission under device and host memory pressure: requests share
     a few long prefixes; each step some arrive, ``pop_preallocated`` admits,
@@ -151,7 +176,10 @@ def admission_sim(
     and the restore tick, which runs every ``restore_every`` steps (load-back
     slots busy). Every input is drawn from ``seed``
     alone, so all ranks see the same workload. Returns per-step counts and
-    the per-step plan digests (patched tree, ``fixes=True``)."""
+    the per-step plan digests (patched tree, ``fixes=True``).
+    ``host_len_unused`` replaces the host length ``peek_prefix`` returns by
+    ``HostLenUnused`` (the planner must plan the same without it) and counts
+    the peeks."""
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
     from harness.decode_stack import random_tokens
@@ -169,6 +197,7 @@ def admission_sim(
         size=size,
         max_reqs=32,
         server_args_overrides=dict(hicache_ratio=hicache_ratio),
+        tree_core=tree_core,
     )
     if consensus_checker:
         rank_consensus_checker.configure([SimpleNamespace(cpu_group=dist.group.WORLD)])
@@ -182,6 +211,16 @@ def admission_sim(
         stack.cache_prefix(p, gen)
     if rank == diverge_rank:  # negative control: only this rank's budget differs
         stack.prealloc.num_reserved_decode_tokens += 4 * ps
+    peek_calls = []
+    if host_len_unused:  # the planner must not read peek_prefix's host length
+        original_peek = stack.cache.peek_prefix
+
+        def device_only_peek(key):
+            device_len, _ = original_peek(key)
+            peek_calls.append(device_len)
+            return device_len, HostLenUnused()
+
+        stack.cache.peek_prefix = device_only_peek
 
     evictions = {"calls": 0, "tokens": 0}
     original_evict_for_alloc = stack.cache.evict_for_alloc
@@ -300,18 +339,20 @@ def admission_sim(
         mean_wait_steps=sum(wait_steps) / max(1, len(wait_steps)),
     )
     assert isinstance(stack.cache, UnifiedRadixCache)
+    extra = dict(peek_calls=len(peek_calls)) if host_len_unused else {}
     return dict(
+        **extra,
         totals=totals,
         per_step=per_step,
         plans=plans,
-        host_lock_refs=_host_lock_refs(stack.cache),
+        host_lock_refs=_host_lock_refs(stack),
         after=stack.snapshot(),
         protected=int(stack.cache.protected_size()),
         sglang=_sglang_identity(),
     )
 
 
-def _l3_stack(rank, world_size, fixes, storage_dir, policy):
+def _l3_stack(rank, world_size, fixes, storage_dir, policy, tree_core):
     import os
 
     os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = storage_dir
@@ -324,6 +365,7 @@ def _l3_stack(rank, world_size, fixes, storage_dir, policy):
             hicache_storage_backend="file",
             hicache_storage_prefetch_policy=policy,
         ),
+        tree_core=tree_core,
     )
 
 
@@ -345,6 +387,7 @@ def l3_two_phase(
     abort_while_prefetching: bool = False,
     max_steps: int = 100,
     prefix_tokens: int = 256,
+    tree_core: str = "python",
 ) -> dict:
     """A prefix that lives only in L3 storage (file backend): written through
     to host and storage, then evicted from device and host. A request for it
@@ -355,7 +398,7 @@ def l3_two_phase(
 
     from harness.decode_stack import random_tokens
 
-    stack = _l3_stack(rank, world_size, fixes, storage_dir, policy)
+    stack = _l3_stack(rank, world_size, fixes, storage_dir, policy, tree_core)
     rng = random.Random(11)
     gen = torch.Generator().manual_seed(11)
     prefix = random_tokens(rng, prefix_tokens)
@@ -389,7 +432,7 @@ def l3_two_phase(
         out["ongoing_prefetch"] = len(stack.cache.ongoing_prefetch)
         out["after"] = stack.snapshot()
         out["start"] = start
-        out["host_lock_refs"] = _host_lock_refs(stack.cache)
+        out["host_lock_refs"] = _host_lock_refs(stack)
         return out
     pm = dr.prefix_match
     out.update(
@@ -408,12 +451,40 @@ def l3_two_phase(
     out["seconds_to_outcome"] = time.perf_counter() - t0
     _finish_or_abort(stack, dr, cached, out)
     _settle_storage(stack, 10)
-    out["host_lock_refs"] = _host_lock_refs(stack.cache)
+    out["host_lock_refs"] = _host_lock_refs(stack)
     return out
 
 
-def _tree_state(cache) -> list:
+def _rust_tree_dump(core) -> str:
+    """The Rust binding's ``pretty_print`` (node ids, key lengths, device lock
+    refs, device residency), captured from fd 1 where the extension prints."""
+    import os
+    import sys
+    import tempfile
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with tempfile.TemporaryFile() as f:
+        os.dup2(f.fileno(), 1)
+        try:
+            core._binding.pretty_print()
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+        f.seek(0)
+        return f.read().decode()
+
+
+def _tree_state(cache):
     core = cache.tree_core
+    if not _is_python_core(core):
+        # Rust core: structure (a split shows), device lock refs, sizes.
+        return (
+            _rust_tree_dump(core),
+            int(cache.evictable_size()),
+            int(cache.protected_size()),
+            int(cache.cache_controller.mem_pool_host.available_size()),
+        )
     out = []
     todo = [core.root_node]
     while todo:
@@ -432,10 +503,30 @@ def _tree_state(cache) -> list:
     return sorted(out, key=lambda t: t[0])
 
 
-def peek_vs_match(rank: int, world_size: int, *, seed: int = 0, rounds: int = 60):
+def _is_python_core(core) -> bool:
+    from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
+
+    return isinstance(core, UnifiedTreeCore)
+
+
+def peek_vs_match(
+    rank: int,
+    world_size: int,
+    *,
+    seed: int = 0,
+    rounds: int = 60,
+    tree_core: str = "python",
+):
     """``peek_prefix`` reports what ``match_prefix`` reports and changes nothing:
     random prefixes cached, partly evicted to host and from host, then probed
-    with queries that end inside nodes (forcing ``match_prefix`` to split)."""
+    with queries that end inside nodes (forcing ``match_prefix`` to split).
+    ``checked`` counts full agreement ``(device, host)``, ``device_checked``
+    the device length alone (all the Rust core reports); ``match_changed``
+    the rounds whose ``match_prefix`` changed the state probe (its control:
+    a split or an LRU move on the Python core, a split on the Rust one,
+    whose probe sees no LRU order). ``lru`` then
+    probes the LRU: of two prefixes cached in turn, one device eviction drops
+    the older one unless probing it touched the LRU."""
     from array import array
 
     from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
@@ -443,12 +534,12 @@ def peek_vs_match(rank: int, world_size: int, *, seed: int = 0, rounds: int = 60
 
     from harness.decode_stack import random_tokens
 
-    stack = _stack(rank, world_size, False, size=2048)
+    stack = _stack(rank, world_size, False, size=2048, tree_core=tree_core)
     ps = stack.page_size
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     bases = [random_tokens(rng, rng.randint(4, 12) * ps) for _ in range(4)]
-    checked = unchanged = 0
+    checked = device_checked = unchanged = match_changed = 0
     kinds = set()
     for _ in range(rounds):
         op = rng.random()
@@ -471,20 +562,45 @@ def peek_vs_match(rank: int, world_size: int, *, seed: int = 0, rounds: int = 60
         peek = stack.cache.peek_prefix(key)
         unchanged += _tree_state(stack.cache) == before
         m = stack.cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", query))))
+        match_changed += _tree_state(stack.cache) != before  # the probe's control
         checked += peek == (m.device_prefix_len, m.host_hit_length)
-        kinds.add((peek[0] > 0, peek[1] > 0))
+        device_checked += peek[0] == m.device_prefix_len
+        kinds.add((peek[0] > 0, m.host_hit_length > 0))
+
+    def key(tokens):
+        return RadixKey(array("q", tokens))
+
+    def lru_probe(touch) -> tuple:
+        stack.evict_device(10**6)
+        older, newer = random_tokens(rng, 4 * ps), random_tokens(rng, 4 * ps)
+        stack.cache_prefix(older, gen)
+        stack.cache_prefix(newer, gen)
+        touch(older)
+        stack.evict_device(4 * ps)
+        return tuple(stack.cache.peek_prefix(key(t))[0] for t in (older, newer))
+
+    lru = dict(
+        peek=lru_probe(lambda t: stack.cache.peek_prefix(key(t[: 2 * ps + 3]))),
+        match=lru_probe(lambda t: stack.cache.match_prefix(MatchPrefixParams(key(t)))),
+    )
     return dict(
-        rounds=rounds, checked=checked, unchanged=unchanged, kinds=sorted(kinds)
+        rounds=rounds,
+        checked=checked,
+        device_checked=device_checked,
+        unchanged=unchanged,
+        match_changed=match_changed,
+        kinds=sorted(kinds),
+        lru=lru,
     )
 
 
-def _stack_with_cached_prefixes(rank, world_size, seed, pages, count=3):
+def _stack_with_cached_prefixes(rank, world_size, seed, pages, tree_core, count=3):
     """A patched decode stack with ``count`` random prefixes of ``pages`` pages
     cached (device and host); returns the stack, the seeded token RNG (for
     the caller's further tokens) and the prefixes."""
     from harness.decode_stack import random_tokens
 
-    stack = _stack(rank, world_size, True, size=1024)
+    stack = _stack(rank, world_size, True, size=1024, tree_core=tree_core)
     ps = stack.page_size
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -494,7 +610,9 @@ def _stack_with_cached_prefixes(rank, world_size, seed, pages, count=3):
     return stack, rng, prefixes
 
 
-def planned_then_released(rank: int, world_size: int, *, seed: int = 4) -> dict:
+def planned_then_released(
+    rank: int, world_size: int, *, seed: int = 4, tree_core: str = "python"
+) -> dict:
     """Abort in the planned phase: plan a batch (matches locked, host spans
     locked, batch eviction done), release it without committing, then admit
     the same requests through pop_preallocated."""
@@ -505,7 +623,9 @@ def planned_then_released(rank: int, world_size: int, *, seed: int = 4) -> dict:
 
     from harness.decode_stack import random_tokens
 
-    stack, rng, prefixes = _stack_with_cached_prefixes(rank, world_size, seed, 12)
+    stack, rng, prefixes = _stack_with_cached_prefixes(
+        rank, world_size, seed, 12, tree_core
+    )
     ps = stack.page_size
     stack.evict_device(12 * ps)  # one prefix is host-only now
     start = stack.snapshot()
@@ -527,12 +647,12 @@ def planned_then_released(rank: int, world_size: int, *, seed: int = 4) -> dict:
             e.prefix_match.host_span_lock is not None for e in plan.entries.values()
         ),
         protected=int(stack.cache.protected_size()),
-        host_lock_refs=_host_lock_refs(stack.cache),
+        host_lock_refs=_host_lock_refs(stack),
     )
     release_planned(stack.prealloc, plan)
     released = dict(
         protected=int(stack.cache.protected_size()),
-        host_lock_refs=_host_lock_refs(stack.cache),
+        host_lock_refs=_host_lock_refs(stack),
         snapshot=stack.snapshot(),
     )
     admitted, _ = stack.admit()
@@ -544,14 +664,16 @@ def planned_then_released(rank: int, world_size: int, *, seed: int = 4) -> dict:
     )
 
 
-def head_of_queue_admission(rank: int, world_size: int, *, fixes: bool, rounds=3):
+def head_of_queue_admission(
+    rank: int, world_size: int, *, fixes: bool, rounds=3, tree_core: str = "python"
+):
     """An idle decode worker whose queue head needs a large decode headroom
     (max_new_tokens) while the next request reuses a large cached prefix:
     the admission check of the head must see the budget greedy would see
     (only its own and earlier prefixes locked)."""
     from harness.decode_stack import random_tokens
 
-    stack = _stack(rank, world_size, fixes, size=1024)
+    stack = _stack(rank, world_size, fixes, size=1024, tree_core=tree_core)
     rng = random.Random(21)
     gen = torch.Generator().manual_seed(21)
     p, q = random_tokens(rng, 576), random_tokens(rng, 256)
@@ -564,12 +686,19 @@ def head_of_queue_admission(rank: int, world_size: int, *, fixes: bool, rounds=3
     return dict(
         admitted=admitted,
         queued=[d.req.rid for d in stack.prealloc.queue],
-        host_lock_refs=_host_lock_refs(stack.cache),
+        host_lock_refs=_host_lock_refs(stack),
         sglang=_sglang_identity(),
     )
 
 
-def plan_digest(rank: int, world_size: int, *, diverge_rank=None, seed: int = 4):
+def plan_digest(
+    rank: int,
+    world_size: int,
+    *,
+    diverge_rank=None,
+    seed: int = 4,
+    tree_core: str = "python",
+):
     """One plan over a queue whose prefixes are partly cached; returns the
     plan digest that ranks compare (``diverge_rank`` reserves more decode
     tokens per request on that rank only)."""
@@ -577,7 +706,9 @@ def plan_digest(rank: int, world_size: int, *, diverge_rank=None, seed: int = 4)
 
     from harness.decode_stack import random_tokens
 
-    stack, rng, prefixes = _stack_with_cached_prefixes(rank, world_size, seed, 16)
+    stack, rng, prefixes = _stack_with_cached_prefixes(
+        rank, world_size, seed, 16, tree_core
+    )
     ps = stack.page_size
     if rank == diverge_rank:
         stack.prealloc.num_reserved_decode_tokens += 8 * ps

@@ -1,9 +1,10 @@
 """A PD decode worker's admission path on CPU, built from upstream objects.
 
 ``build_decode_stack`` publishes decode ``ServerArgs`` for this rank and builds
-a real ``UnifiedRadixCache`` (Python tree core) over an MLA device pool with a
-HiCache host tier (``init_hicache`` through upstream's assembler, L2 transfers
-``direct`` / ``page_first_direct``), a real ``ReqToTokenPool``, metadata-slot
+a real ``UnifiedRadixCache`` (``tree_core``: the Python tree core or the Rust
+one, 0.5.23's default; a silent fallback to Python is an error) over an MLA
+device pool with a HiCache host tier (``init_hicache`` through upstream's
+assembler, L2 transfers ``direct`` / ``page_first_direct``), a real ``ReqToTokenPool``, metadata-slot
 allocator, ``DecodePreallocQueue`` and ``DecodeTransferQueue`` -- the queue
 objects are made with ``object.__new__`` and given the attributes their
 admission / restore methods read, since their constructors start a KV
@@ -14,6 +15,9 @@ transfer manager. Stand-ins, all under ``tests/``:
 * the two ``kvcacheio`` direct ops and pinned-memory registration
   (``tests/standins``);
 * ``SchedulerStandIn`` -- the scheduler attributes the queues read.
+
+``HostLockCounter`` counts the host-lock receipts taken and returned through
+the tree core (the Rust core does not expose per-node host lock refs).
 """
 
 from __future__ import annotations
@@ -62,6 +66,30 @@ class KVReceiverStandIn:
         pass
 
 
+class HostLockCounter:
+    """Host-lock receipts outstanding on a tree core: wraps the core's
+    ``inc_host_lock_ref`` / ``dec_host_lock_ref`` (every host lock of the
+    cache and the decode queues goes through them) and counts component
+    host-lock UUIDs handed out minus those returned."""
+
+    def __init__(self, core):
+        self.outstanding = 0
+        inc, dec = core.inc_host_lock_ref, core.dec_host_lock_ref
+
+        def counting_inc(node_id):
+            result = inc(node_id)
+            self.outstanding += len(result.component_host_lock_uuids)
+            return result
+
+        def counting_dec(node_id, params):
+            result = dec(node_id, params)
+            self.outstanding -= len(params.component_host_lock_uuids)
+            return result
+
+        core.inc_host_lock_ref = counting_inc
+        core.dec_host_lock_ref = counting_dec
+
+
 class SchedulerStandIn(SimpleNamespace):
     """The scheduler attributes ``DecodePreallocQueue`` / ``DecodeTransferQueue``
     read on the admission and restore paths."""
@@ -77,6 +105,8 @@ class DecodeStack:
     prealloc: Any
     transfer: Any
     page_size: int
+    tree_core: str
+    host_locks: HostLockCounter
     counters: dict = field(default_factory=dict)
 
     # ------------------------------------------------------------ tree setup
@@ -216,6 +246,7 @@ def build_decode_stack(
     max_reqs: int = 16,
     num_reserved_decode_tokens: int = 16,
     server_args_overrides: dict | None = None,
+    tree_core: str = "python",
 ) -> DecodeStack:
     import torch.distributed as dist
 
@@ -260,10 +291,17 @@ def build_decode_stack(
         token_to_kv_pool_allocator=allocator,
         page_size=page_size,
         tp_cache_group=dist.group.WORLD,
-        tree_core_backend="python",
+        tree_core_backend=tree_core,
         tree_components=(ComponentType.FULL,),
     )
     cache = UnifiedRadixCache(params=params)
+    # select_tree_core_backend falls back to Python when the Rust core cannot
+    # run here; a scenario asked for one core must not run on the other.
+    if cache._tree_core_backend != tree_core:
+        raise RuntimeError(
+            f"asked for the {tree_core!r} tree core, got {cache._tree_core_backend!r}"
+        )
+    host_locks = HostLockCounter(cache.tree_core)
     cache.init_hicache(server_args, params)
     # Pinned-memory stand-in, continued: the host pools allocate their L3
     # staging pages with pin_memory=True, which needs a CUDA driver.
@@ -336,6 +374,8 @@ def build_decode_stack(
         prealloc=prealloc,
         transfer=transfer,
         page_size=page_size,
+        tree_core=tree_core,
+        host_locks=host_locks,
     )
 
 

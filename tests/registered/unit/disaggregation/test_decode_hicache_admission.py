@@ -4,9 +4,12 @@ prefix match, batched pre-allocation planning.
 Runs real ``UnifiedRadixCache`` (HiCache host tier) and decode queue objects on
 CPU (``harness.decode_stack``; stand-ins only for the KV receiver, the two
 ``kvcacheio`` direct ops and pinned registration) in spawned gloo ranks, against
-unpatched upstream 0.5.23 and the patched tree.
+unpatched upstream 0.5.23 and the patched tree, on both radix tree cores: each
+class runs on the Python core and its ``...Rust`` subclass on the Rust core
+(0.5.23's default). Identical scenario runs are shared between tests.
 """
 
+import copy
 import tempfile
 import unittest
 
@@ -14,13 +17,34 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.compare import diff_results, run_scenario
 
-register_cpu_ci(est_time=240, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=480, suite="stage-a-test-cpu")
 
 HOST_SPAN = "harness.decode_scenarios:host_span_restore"
 SIM = "harness.decode_scenarios:admission_sim"
 L3 = "harness.decode_scenarios:l3_two_phase"
 HEAD = "harness.decode_scenarios:head_of_queue_admission"
+PEEK = "harness.decode_scenarios:peek_vs_match"
 PRESSURE = dict(size=1024, steps=24, arrivals=(1, 4))
+
+_RUNS: dict = {}
+
+
+def _run(which, target, world_size=1, **kwargs):
+    """``run_scenario``, memoized on its arguments (scenarios are seeded)."""
+    key = (which, target, world_size, repr(sorted(kwargs.items())))
+    if key not in _RUNS:
+        _RUNS[key] = run_scenario(which, target, world_size, **kwargs)
+    return copy.deepcopy(_RUNS[key])
+
+
+class _OnTreeCore(unittest.TestCase):
+    """Runs its scenarios on ``tree_core``; a ``...Rust`` subclass reruns every
+    test on the Rust core."""
+
+    tree_core = "python"
+
+    def scenario(self, which, target, world_size=1, **kwargs):
+        return _run(which, target, world_size, tree_core=self.tree_core, **kwargs)
 
 
 def _strip(results):
@@ -31,36 +55,41 @@ def _strip(results):
     ]
 
 
-class TestPeekPrefix(unittest.TestCase):
+class TestPeekPrefix(_OnTreeCore):
     def test_peek_equals_match_and_changes_nothing(self):
         for seed in (0, 1):
-            (r,) = run_scenario(
-                "patched", "harness.decode_scenarios:peek_vs_match", 1, seed=seed
-            )
-            self.assertEqual(r["checked"], r["rounds"])
+            (r,) = self.scenario("patched", PEEK, 1, seed=seed)
+            self.assertEqual(r["device_checked"], r["rounds"])
+            if self.tree_core == "python":  # the Rust core reports no host part
+                self.assertEqual(r["checked"], r["rounds"])
             self.assertEqual(r["unchanged"], r["rounds"])
+            self.assertGreater(r["match_changed"], 0)  # the probe sees splits
             # device-only, device + host and host-only prefixes all came up
             self.assertTrue({(True, False), (True, True)} <= set(r["kinds"]), r)
+            # No LRU touch: the older prefix is evicted first after a peek,
+            # the newer one after match_prefix touched the older (control).
+            self.assertEqual(r["lru"]["peek"], (0, 64))
+            self.assertEqual(r["lru"]["match"], (64, 0))
 
 
-class TestHostSpanLock(unittest.TestCase):
+class TestHostSpanLock(_OnTreeCore):
     def test_upstream_fails_the_restore_after_host_eviction(self):
         # Reproduces the 0.5.23 failure: only the last device node is locked,
         # host eviction drops the promised span, the restore FAILs (HTTP 500).
-        (up,) = run_scenario("upstream", HOST_SPAN, 1, fixes=False)
+        (up,) = self.scenario("upstream", HOST_SPAN, 1, fixes=False)
         self.assertEqual(up["sglang"]["version"], "0.5.23")
         self.assertEqual((up["l1"], up["l2"], up["promised"]), (0, 256, 256))
         self.assertEqual(up["host_evicted"], 256)
         self.assertEqual(up["status"], "failed")
 
     def test_flag_off_patched_behaves_like_upstream(self):
-        up = run_scenario("upstream", HOST_SPAN, 1, fixes=False)
-        patched = run_scenario("patched", HOST_SPAN, 1, fixes=False)
+        up = self.scenario("upstream", HOST_SPAN, 1, fixes=False)
+        patched = self.scenario("patched", HOST_SPAN, 1, fixes=False)
         self.assertNotEqual(up[0]["sglang"]["file"], patched[0]["sglang"]["file"])
         self.assertEqual(diff_results(_strip(up), _strip(patched)), [])
 
     def test_locked_span_survives_host_eviction_and_restores_bit_exact(self):
-        (r,) = run_scenario("patched", HOST_SPAN, 1, fixes=True)
+        (r,) = self.scenario("patched", HOST_SPAN, 1, fixes=True)
         self.assertTrue(r["host_locked"])
         self.assertEqual(r["host_evicted"], 0)
         self.assertEqual(r["status"], "ready")
@@ -70,21 +99,23 @@ class TestHostSpanLock(unittest.TestCase):
         self.assertEqual(r["after"]["device_protected"], 0)
 
     def test_span_released_when_nothing_evicts(self):
-        (r,) = run_scenario("patched", HOST_SPAN, 1, fixes=True, evict_host_first=False)
+        (r,) = self.scenario(
+            "patched", HOST_SPAN, 1, fixes=True, evict_host_first=False
+        )
         self.assertEqual(r["status"], "ready")
         self.assertTrue(r["restored_bytes_equal"])
         self.assertEqual(r["host_lock_refs"], 0)
 
 
-class TestAdmissionPlanning(unittest.TestCase):
+class TestAdmissionPlanning(_OnTreeCore):
     def test_flag_off_admission_identical_to_upstream(self):
-        up = run_scenario("upstream", SIM, 1, fixes=False, seed=3, **PRESSURE)
-        patched = run_scenario("patched", SIM, 1, fixes=False, seed=3, **PRESSURE)
+        up = self.scenario("upstream", SIM, 1, fixes=False, seed=3, **PRESSURE)
+        patched = self.scenario("patched", SIM, 1, fixes=False, seed=3, **PRESSURE)
         self.assertGreater(up[0]["totals"]["evict_calls"], 0)  # under pressure
         self.assertEqual(diff_results(_strip(up), _strip(patched)), [])
 
     def test_planned_admission_leaks_nothing(self):
-        (r,) = run_scenario("patched", SIM, 1, fixes=True, seed=3, **PRESSURE)
+        (r,) = self.scenario("patched", SIM, 1, fixes=True, seed=3, **PRESSURE)
         t = r["totals"]
         self.assertGreater(t["admitted"], 10)
         self.assertGreater(t["evict_calls"], 0)
@@ -100,16 +131,16 @@ class TestAdmissionPlanning(unittest.TestCase):
     def test_queue_head_admitted_like_greedy(self):
         # Regression: the commit loop re-judged a planned request against the
         # budget with *all* planned prefixes locked and rejected it every round.
-        up = run_scenario("upstream", HEAD, 1, fixes=False)
-        (r,) = run_scenario("patched", HEAD, 1, fixes=True)
+        up = self.scenario("upstream", HEAD, 1, fixes=False)
+        (r,) = self.scenario("patched", HEAD, 1, fixes=True)
         self.assertEqual(up[0]["admitted"][0], ["r1", "r2"])
         self.assertEqual(r["admitted"], up[0]["admitted"])
         self.assertEqual(r["queued"], [])
         self.assertEqual(r["host_lock_refs"], 0)
 
     def test_one_page_aligned_eviction_per_admission_round(self):
-        up = run_scenario("upstream", SIM, 1, fixes=False, seed=3, **PRESSURE)
-        (r,) = run_scenario("patched", SIM, 1, fixes=True, seed=3, **PRESSURE)
+        up = self.scenario("upstream", SIM, 1, fixes=False, seed=3, **PRESSURE)
+        (r,) = self.scenario("patched", SIM, 1, fixes=True, seed=3, **PRESSURE)
         # Same admissions, round by round, as upstream's greedy loop.
         self.assertEqual(
             [s["admitted"] for s in up[0]["per_step"]],
@@ -129,9 +160,20 @@ class TestAdmissionPlanning(unittest.TestCase):
             sum(s["admit_evict_calls"] for s in r["per_step"]),
         )
 
+    def test_planner_reads_only_the_device_length(self):
+        # peek_prefix's host length is replaced by a value whose every use
+        # raises: the plans, admissions and evictions stay the same, so the
+        # Rust core's device-only peek_prefix is all the planner needs.
+        (ref,) = self.scenario("patched", SIM, 1, fixes=True, seed=3, **PRESSURE)
+        (r,) = self.scenario(
+            "patched", SIM, 1, fixes=True, seed=3, host_len_unused=True, **PRESSURE
+        )
+        self.assertGreater(r.pop("peek_calls"), 0)
+        self.assertEqual(diff_results(_strip([ref]), _strip([r])), [])
+
     def test_plan_identical_on_every_rank(self):
-        for world in (2, 4):
-            results = run_scenario(
+        for world in (2, 4) if self.tree_core == "python" else (2,):
+            results = self.scenario(
                 "patched",
                 SIM,
                 world,
@@ -147,18 +189,20 @@ class TestAdmissionPlanning(unittest.TestCase):
                 self.assertEqual(diff_results(_strip(results[:1]), _strip([r])), [])
 
     def test_diverged_rank_is_caught_by_the_consensus_check(self):
+        if self.tree_core != "python":
+            self.skipTest("checks the consensus checker; runs on the Python core")
         # Negative control: rank 1 reserves more decode tokens per request (its
         # tree and queue are identical), so only its plan differs ...
         digest = "harness.decode_scenarios:plan_digest"
-        same = run_scenario("patched", digest, 2)
+        same = self.scenario("patched", digest, 2)
         self.assertEqual(same[0], same[1])
         self.assertGreater(same[0]["entries"], 0)
-        r0, r1 = run_scenario("patched", digest, 2, diverge_rank=1)
+        r0, r1 = self.scenario("patched", digest, 2, diverge_rank=1)
         self.assertNotEqual(r0["digest"], r1["digest"])
         # ... and with the checker on, the ranks are stopped.
         kw = dict(fixes=True, seed=5, diverge_rank=1, **PRESSURE)
         with self.assertRaisesRegex(RuntimeError, "failed ranks"):
-            run_scenario(
+            self.scenario(
                 "patched",
                 SIM,
                 2,
@@ -169,12 +213,12 @@ class TestAdmissionPlanning(unittest.TestCase):
             )
 
 
-class TestTwoPhaseL3Prefetch(unittest.TestCase):
+class TestTwoPhaseL3Prefetch(_OnTreeCore):
     """A prefix only in L3 storage (real file backend)."""
 
     def _run(self, which, **kw):
         with tempfile.TemporaryDirectory() as d:
-            (r,) = run_scenario(which, L3, 1, storage_dir=d, **kw)
+            (r,) = self.scenario(which, L3, 1, storage_dir=d, **kw)
         self.assertEqual(r["evicted"], (256, 256))
         return r
 
@@ -215,7 +259,7 @@ class TestTwoPhaseL3Prefetch(unittest.TestCase):
         # Two TP ranks (gloo) share the L3 directory: both hold the request
         # for the same rounds, then promise and restore the same host rows.
         with tempfile.TemporaryDirectory() as d:
-            results = run_scenario(
+            results = self.scenario(
                 "patched",
                 L3,
                 2,
@@ -242,10 +286,10 @@ class TestTwoPhaseL3Prefetch(unittest.TestCase):
         self.assertEqual(diff_results(_strip([up]), _strip([patched])), [])
 
 
-class TestAbortCleanup(unittest.TestCase):
+class TestAbortCleanup(_OnTreeCore):
     def test_abort_while_prefetching_releases_everything(self):
         with tempfile.TemporaryDirectory() as d:
-            (r,) = run_scenario(
+            (r,) = self.scenario(
                 "patched",
                 L3,
                 1,
@@ -260,7 +304,7 @@ class TestAbortCleanup(unittest.TestCase):
         self.assertEqual(r["host_lock_refs"], 0)
 
     def test_abort_while_restoring_releases_everything(self):
-        (r,) = run_scenario("patched", HOST_SPAN, 1, fixes=True, abort_restoring=True)
+        (r,) = self.scenario("patched", HOST_SPAN, 1, fixes=True, abort_restoring=True)
         self.assertEqual(r["status"], "pending")
         self.assertTrue(r["host_locked"])
         self.assertEqual(r["host_lock_refs"], 0)
@@ -273,7 +317,7 @@ class TestAbortCleanup(unittest.TestCase):
         self.assertEqual(r["after"]["host_available"], r["start"]["host_available"])
 
     def test_planned_but_not_committed_releases_everything(self):
-        (r,) = run_scenario(
+        (r,) = self.scenario(
             "patched", "harness.decode_scenarios:planned_then_released", 1
         )
         p = r["planned"]
@@ -293,10 +337,42 @@ class TestAbortCleanup(unittest.TestCase):
         self.assertEqual(r["admitted"], ["r0", "r1", "r2"])
 
     def test_abort_while_queued_releases_everything(self):
-        (r,) = run_scenario("patched", HOST_SPAN, 1, fixes=True, abort_queued=True)
+        (r,) = self.scenario("patched", HOST_SPAN, 1, fixes=True, abort_queued=True)
         self.assertEqual(r["admitted"], [])
         self.assertEqual(r["after"], r["start"])
         self.assertEqual(r["host_lock_refs"], 0)
+
+
+class TestTreeCoresAgree(unittest.TestCase):
+    def test_planned_admission_identical_on_both_cores(self):
+        # Same workload, same plans (digests), admissions and evictions on the
+        # Python core (peek_prefix with host lengths) and the Rust core.
+        py, rust = (
+            _run("patched", SIM, 1, fixes=True, seed=3, tree_core=c, **PRESSURE)
+            for c in ("python", "rust")
+        )
+        self.assertGreater(len(py[0]["plans"]), 0)
+        self.assertEqual(diff_results(_strip(py), _strip(rust)), [])
+
+
+class TestPeekPrefixRust(TestPeekPrefix):
+    tree_core = "rust"
+
+
+class TestHostSpanLockRust(TestHostSpanLock):
+    tree_core = "rust"
+
+
+class TestAdmissionPlanningRust(TestAdmissionPlanning):
+    tree_core = "rust"
+
+
+class TestTwoPhaseL3PrefetchRust(TestTwoPhaseL3Prefetch):
+    tree_core = "rust"
+
+
+class TestAbortCleanupRust(TestAbortCleanup):
+    tree_core = "rust"
 
 
 if __name__ == "__main__":
