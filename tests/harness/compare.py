@@ -48,7 +48,7 @@ def run_scenario(
     target: str,
     world_size: int = 1,
     *,
-    timeout: float = 300.0,
+    timeout: float = 900.0,
     env: dict | None = None,
     **kwargs,
 ):

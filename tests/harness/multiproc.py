@@ -54,7 +54,7 @@ def run_ranks(
     fn,
     world_size: int,
     *args,
-    timeout: float = 120.0,
+    timeout: float = 480.0,
     backend: str = "gloo",
     env: dict | None = None,
     **kwargs,

@@ -23,7 +23,7 @@ MAX_EXTRA = 2  # --dp-routing-max-extra-reqs of the scenario
 class TestCacheAwareDispatch(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.out = run_ranks(cache_aware_cases, 1, timeout=240)[0]
+        cls.out = run_ranks(cache_aware_cases, 1, timeout=600)[0]
 
     def assertLanded(self, case, rank, how):
         self.assertEqual(self.out[case], (rank, how), case)

@@ -31,12 +31,12 @@ class TestCacheAwareEndToEnd(unittest.TestCase):
         self.assertEqual(out["stats"].get("no_match"), 1)
 
     def test_rust_tree_core(self):
-        out = run_ranks(cache_aware_end_to_end, 1, timeout=240, dp=3)[0]
+        out = run_ranks(cache_aware_end_to_end, 1, timeout=600, dp=3)[0]
         self._check(out, 3)
 
     def test_python_tree_core(self):
         out = run_ranks(
-            cache_aware_end_to_end, 1, timeout=240, dp=2, tree_core="python", turns=2
+            cache_aware_end_to_end, 1, timeout=600, dp=2, tree_core="python", turns=2
         )[0]
         self._check(out, 2)
 

@@ -21,7 +21,7 @@ METHODS = ("round_robin", "total_requests", "total_tokens", "follow_bootstrap_ro
 
 class TestLoadBalanceFlagOff(unittest.TestCase):
     def test_existing_methods_dispatch_like_upstream(self):
-        kwargs = dict(methods=METHODS, dp_size=3, seed=5, n=40, timeout=200)
+        kwargs = dict(methods=METHODS, dp_size=3, seed=5, n=40, timeout=600)
         upstream = run_scenario("upstream", SCENARIO, 1, **kwargs)[0]
         patched = run_scenario("patched", SCENARIO, 1, **kwargs)[0]
         self.assertEqual(upstream["sglang"]["version"], "0.5.23")

@@ -44,7 +44,7 @@ class _ShardedRun:
         cls.results = run_ranks(
             sharded_roundtrip,
             cls.WORLD,
-            timeout=600,
+            timeout=1200,
             env={
                 **ON,
                 "SGLANG_HICACHE_RANK_SHARD_VERIFY_EVERY": "2",
@@ -142,7 +142,7 @@ class TestRankShardChunkedStaging(unittest.TestCase):
         results = run_ranks(
             sharded_roundtrip,
             2,
-            timeout=300,
+            timeout=900,
             env=ON,
             seed=11,
             steps=20,
@@ -163,7 +163,7 @@ class TestRankShardNegativeControls(unittest.TestCase):
         results = run_ranks(
             sharded_roundtrip,
             2,
-            timeout=300,
+            timeout=900,
             env=ON,
             seed=5,
             steps=20,
@@ -177,7 +177,7 @@ class TestRankShardNegativeControls(unittest.TestCase):
             run_ranks(
                 sharded_roundtrip,
                 2,
-                timeout=300,
+                timeout=900,
                 env=env,
                 seed=5,
                 steps=20,
@@ -191,7 +191,7 @@ class TestRankShardNegativeControls(unittest.TestCase):
         results = run_ranks(
             sharded_roundtrip,
             2,
-            timeout=300,
+            timeout=900,
             env=ON,
             seed=5,
             steps=20,

@@ -172,7 +172,7 @@ class TestActivationMatrix(unittest.TestCase):
             (dict(tp_size=2, enable_dp_attention=True, dp_size=2), "DP attention"),
             (dict(tp_size=2, attn_cp_size=2), "attention CP"),
         ]:
-            (reasons,) = run_ranks(inactive_reasons, 1, timeout=120, **kwargs)
+            (reasons,) = run_ranks(inactive_reasons, 1, timeout=480, **kwargs)
             self.assertEqual(len(reasons), 1, (kwargs, reasons))
             self.assertIn(expected, reasons[0])
 

@@ -163,7 +163,7 @@ class TestRealGatePaths(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.results = run_ranks(
-            gate_paths, 2, timeout=300, env={"SGLANG_ENABLE_HICACHE_RANK_SHARD": "1"}
+            gate_paths, 2, timeout=900, env={"SGLANG_ENABLE_HICACHE_RANK_SHARD": "1"}
         )
 
     def test_start_loading_publishes_the_exchange_finish_event(self):
