@@ -11,8 +11,9 @@ command -v patch >/dev/null || missing+=(patch)
 command -v g++ >/dev/null || missing+=(g++)
 [ -f /usr/include/openssl/sha.h ] || missing+=(libssl-dev)
 # mooncake's transfer engine (live PD test) links them even in TCP-only mode.
-ldconfig -p 2>/dev/null | grep -q "libibverbs.so.1 " || missing+=(libibverbs1)
-ldconfig -p 2>/dev/null | grep -q "librdmacm.so.1 " || missing+=(librdmacm1)
+libs=$(ldconfig -p 2>/dev/null || true)  # not piped into grep -q: pipefail
+[[ $libs == *"libibverbs.so.1 "* ]] || missing+=(libibverbs1)
+[[ $libs == *"librdmacm.so.1 "* ]] || missing+=(librdmacm1)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -eq 0 ]; then
