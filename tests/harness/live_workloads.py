@@ -6,15 +6,25 @@ user message of ``new_tokens`` random ids.  Within a turn the conversations are
 sent in a shuffled order by ``clients`` concurrent clients (a fixed
 interleaved order would make round_robin accidentally sticky), with
 ``think_s`` between turns.
+
+With ``stream=True`` every request is a streaming ``/generate`` (SSE lines
+``data: {...}`` ending with ``data: [DONE]``) and its record gets ``ttft``, the
+client-measured time to the first data chunk.  Streamed ``output_ids`` are
+cumulative in 0.5.23 (each chunk carries every id so far; disjoint segments
+only with ``--incremental-streaming-output``): ``stream_generate`` tells the
+two apart with ``meta_info.completion_tokens`` and returns the full ids.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from harness.live_server import greedy
+import requests
+
+from harness.live_server import REQUEST_TIMEOUT_S, greedy
 
 VOCAB = range(10, 2000)
 
@@ -22,6 +32,61 @@ VOCAB = range(10, 2000)
 def conversations(n: int, seed: int, first: int = 300) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.choice(VOCAB) for _ in range(first)] for _ in range(n)]
+
+
+def stream_generate(
+    server, payload: dict, timeout: float = REQUEST_TIMEOUT_S
+) -> tuple[dict, float, str]:
+    """One streaming ``/generate``: returns ``(final, ttft, ids_mode)``.
+
+    ``final`` is the last chunk with ``output_ids`` replaced by the request's
+    full output ids, ``ttft`` the seconds from sending to the first data chunk
+    and ``ids_mode`` how the chunks carried the ids: ``"cumulative"`` or
+    ``"incremental"`` (checked against ``meta_info.completion_tokens``).
+    """
+    start = time.perf_counter()
+    ttft = None
+    chunks = []
+    with requests.post(
+        f"{server.base_url}/generate",
+        json={**payload, "stream": True},
+        stream=True,
+        timeout=timeout,
+    ) as resp:
+        if resp.status_code != 200:
+            raise AssertionError(
+                f"/generate answered {resp.status_code}: {resp.text[:500]}"
+            )
+        done = False
+        for line in resp.iter_lines(chunk_size=None):
+            if not line or not line.startswith(b"data:"):
+                continue
+            data = line[len(b"data:") :].strip()
+            if data == b"[DONE]":
+                done = True
+                break
+            if ttft is None:
+                ttft = time.perf_counter() - start
+            chunk = json.loads(data)
+            if "error" in chunk:
+                raise AssertionError(f"/generate stream error: {chunk}")
+            chunks.append(chunk)
+    if not chunks or not done:
+        raise AssertionError(f"/generate stream ended early ({len(chunks)} chunks)")
+    final = dict(chunks[-1])
+    n = final["meta_info"]["completion_tokens"]
+    joined = [i for c in chunks for i in c["output_ids"]]
+    if len(final["output_ids"]) == n and (len(chunks) == 1 or len(joined) != n):
+        mode = "cumulative"
+    elif len(joined) == n:
+        mode, final["output_ids"] = "incremental", joined
+    else:
+        raise AssertionError(
+            f"streamed output_ids fit neither mode: {len(chunks)} chunks, "
+            f"last {len(final['output_ids'])} ids, joined {len(joined)}, "
+            f"completion_tokens {n}"
+        )
+    return final, ttft, mode
 
 
 def run_conversations(
@@ -35,17 +100,22 @@ def run_conversations(
     clients: int = 4,
     think_s: float = 0.5,
     max_new_tokens: int = 8,
+    stream: bool = False,
 ):
-    """Returns ``records[c][t]`` = dict(prompt, cached, host, rank, latency)."""
+    """Returns ``records[c][t]`` = dict(prompt, cached, host, rank, latency);
+    with ``stream=True`` also ``ttft`` and ``ids_mode`` (``stream_generate``)."""
     rng = random.Random(seed + 1)
     prompts = conversations(n, seed, first)
     records = [[] for _ in range(n)]
 
     def send(c):
+        payload = {"input_ids": prompts[c], "sampling_params": greedy(max_new_tokens)}
         start = time.perf_counter()
-        r = server.generate(
-            {"input_ids": prompts[c], "sampling_params": greedy(max_new_tokens)}
-        )
+        if stream:
+            r, ttft, mode = stream_generate(server, payload)
+            r.update(ttft=ttft, ids_mode=mode)
+        else:
+            r = server.generate(payload)
         return c, r, time.perf_counter() - start
 
     with ThreadPoolExecutor(clients) as pool:
@@ -64,6 +134,8 @@ def run_conversations(
                         latency=latency,
                     )
                 )
+                if stream:
+                    records[c][-1].update(ttft=r["ttft"], ids_mode=r["ids_mode"])
                 new = [rng.choice(VOCAB) for _ in range(new_tokens)]
                 prompts[c] = prompts[c] + r["output_ids"] + new
             time.sleep(think_s)

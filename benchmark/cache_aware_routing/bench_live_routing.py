@@ -1,0 +1,336 @@
+"""Live DP routing policies on a real DP=2 server (CPU, tiny local model).
+
+Unlike ``bench_routing.py`` (a simulation over real radix trees) this starts
+the patched wheel's ``sglang serve`` (``harness.live_server.LiveServer``: the
+tiny local model on CPU, 127.0.0.1 only) once per policy and mode group and
+sends it the multi-turn conversations of ``harness.live_workloads``: each turn
+is the previous prompt + its full output ids + ``--new-tokens`` new ids, sent
+as ``input_ids`` by streaming ``/generate`` (client-measured TTFT = time to the
+first SSE data chunk; ``meta_info`` and the output ids from the final chunk).
+
+Policies (``--load-balance-method``): ``round_robin``, ``total_requests``
+(upstream) and ``cache_aware`` (ours).  Modes:
+
+* ``shuffled``: one client, each turn's conversations in a shuffled order;
+* ``concurrent``: the same with 4 concurrent clients;
+* ``small_pool``: 4 concurrent clients on a server with
+  ``--max-total-tokens 1536`` and HiCache (direct io, page_first_direct,
+  ratio 4), so device prefixes are evicted to the host tier.
+
+One server per policy serves ``shuffled`` then ``concurrent`` (different seeds:
+no shared prefixes), one small-pool server per policy serves ``small_pool``:
+6 DP=2 starts in all, one at a time, each stopped with its process tree.
+
+Reported per policy and mode: hit rate (cached / prompt tokens), host-tier
+share of the cached tokens, requests per DP rank (max, min, max/min),
+conversations that stayed on one rank, TTFT p50/p90; ratios are against
+``round_robin`` of the same mode in the same run.  The JSON (in ``--out``,
+default ``results/``) holds the run metadata, the ``series`` label (the
+installed sglang version), the parameters, the summaries and every record;
+the PNG beside it plots hit rate, TTFT and stickiness.
+
+Run: ``.venv/bin/python benchmark/cache_aware_routing/bench_live_routing.py
+[--quick] [--out DIR]`` (about 6 x 60-120 s of server starts on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmark"))
+
+from bench_meta import run_metadata  # noqa: E402
+
+from harness.live_server import LiveServer, assert_all_gone  # noqa: E402
+from harness.live_workloads import run_conversations  # noqa: E402
+
+POLICIES = ["round_robin", "total_requests", "cache_aware"]
+MODES = ["shuffled", "concurrent", "small_pool"]
+DP = ["--dp-size", "2"]
+SMALL_POOL = [
+    "--max-total-tokens",
+    "1536",
+    "--enable-hierarchical-cache",
+    "--hicache-io-backend",
+    "direct",
+    "--hicache-mem-layout",
+    "page_first_direct",
+    "--hicache-ratio",
+    "4",
+]
+CLIENTS = {"shuffled": 1, "concurrent": 4, "small_pool": 4}
+SEED_OFFSET = {"shuffled": 0, "concurrent": 1000, "small_pool": 2000}
+# Server groups: one start each, serving these modes in this order.
+GROUPS = [
+    ("default", [], ["shuffled", "concurrent"]),
+    ("small_pool", SMALL_POOL, ["small_pool"]),
+]
+ERROR_RE = re.compile(r"Traceback|\bERROR\b|Exception|exception")
+
+
+def pct(values, q):
+    v = sorted(values)
+    return v[int(q * (len(v) - 1))] if v else float("nan")
+
+
+def summarize(records, dp=2):
+    flat = [r for conv in records for r in conv]
+    prompt = sum(r["prompt"] for r in flat)
+    cached = sum(r["cached"] for r in flat)
+    host = sum(r["host"] for r in flat)
+    per_rank = [sum(r["rank"] == k for r in flat) for k in range(dp)]
+    lo, hi = min(per_rank), max(per_rank)
+    ttft = [r["ttft"] for r in flat]
+    return {
+        "requests": len(flat),
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "host_tokens": host,
+        "hit_rate": cached / prompt if prompt else float("nan"),
+        "host_share": host / cached if cached else 0.0,
+        "requests_per_rank": per_rank,
+        "rank_max": hi,
+        "rank_min": lo,
+        "rank_ratio": hi / lo if lo else None,  # None: a rank got nothing
+        "sticky_conversations": sum(len({r["rank"] for r in c}) == 1 for c in records),
+        "conversations": len(records),
+        "ttft_p50_s": pct(ttft, 0.5),
+        "ttft_p90_s": pct(ttft, 0.9),
+        "latency_p50_s": pct([r["latency"] for r in flat], 0.5),
+        "stream_ids_modes": sorted({r["ids_mode"] for r in flat}),
+    }
+
+
+def log_errors(server, limit=20):
+    lines = [ln for ln in server.log_text().splitlines() if ERROR_RE.search(ln)]
+    return {"count": len(lines), "first": lines[:limit]}
+
+
+def serve_group(policy, group, extra, modes, work, seed):
+    """One server start for ``policy``: every mode of the group, then stop."""
+    name = f"{policy}-{group}"
+    args = DP + ["--load-balance-method", policy] + extra
+    t0 = time.perf_counter()
+    print(f"[{name}] starting: {' '.join(args)}", flush=True)
+    server = LiveServer("patched", args, name=name)
+    info = {
+        "policy": policy,
+        "group": group,
+        "server_args": args,
+        "start_s": time.perf_counter() - t0,
+        "logdir": server.logdir.name,
+        # The wheel can be reinstalled under a long run: record what served.
+        "sglang": importlib.metadata.version("sglang"),
+    }
+    print(f"[{name}] up in {info['start_s']:.0f} s", flush=True)
+    runs = []
+    try:
+        for mode in modes:
+            t1 = time.perf_counter()
+            try:
+                records = run_conversations(
+                    server,
+                    seed=seed + SEED_OFFSET[mode],
+                    clients=CLIENTS[mode],
+                    stream=True,
+                    **work,
+                )
+            except Exception as exc:
+                raise RuntimeError(
+                    f"{name}/{mode}: {exc}\n{server.log_tail()}"
+                ) from exc
+            wall = time.perf_counter() - t1
+            summary = summarize(records)
+            summary["wall_s"] = wall
+            print(
+                f"[{name}] {mode}: {wall:.0f} s, hit rate {summary['hit_rate']:.3f}",
+                flush=True,
+            )
+            runs.append(
+                {"policy": policy, "mode": mode, "summary": summary, "records": records}
+            )
+    finally:
+        pids = server.stop()
+        info["log_errors"] = log_errors(server)
+    assert_all_gone(pids)
+    return runs, info
+
+
+def add_ratios(runs):
+    for mode in MODES:
+        rows = [r for r in runs if r["mode"] == mode]
+        base = next((r["summary"] for r in rows if r["policy"] == "round_robin"), None)
+        for r in rows:
+            s = r["summary"]
+            for k in ("hit_rate", "ttft_p50_s", "ttft_p90_s"):
+                s[k + "_vs_rr"] = s[k] / base[k] if base and base[k] else None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small smoke run")
+    ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--conversations", type=int, default=None)
+    ap.add_argument("--turns", type=int, default=None)
+    ap.add_argument("--first-tokens", type=int, default=300)
+    ap.add_argument("--new-tokens", type=int, default=60)
+    ap.add_argument("--max-new-tokens", type=int, default=8)
+    ap.add_argument("--think-s", type=float, default=0.5)
+    ap.add_argument("--policies", nargs="+", default=POLICIES, choices=POLICIES)
+    args = ap.parse_args()
+
+    work = dict(
+        n=args.conversations or (4 if args.quick else 8),
+        turns=args.turns or (3 if args.quick else 5),
+        first=args.first_tokens,
+        new_tokens=args.new_tokens,
+        think_s=args.think_s,
+        max_new_tokens=args.max_new_tokens,
+    )
+    series = importlib.metadata.version("sglang")
+    t0 = time.perf_counter()
+    runs, servers = [], []
+    for policy in args.policies:
+        for group, extra, modes in GROUPS:
+            try:
+                group_runs, info = serve_group(
+                    policy, group, extra, modes, work, args.seed
+                )
+            except Exception as exc:  # keep the other groups' results
+                print(f"[{policy}-{group}] FAILED: {exc}", flush=True)
+                group_runs = []
+                info = {"policy": policy, "group": group, "error": str(exc)[-6000:]}
+            runs += group_runs
+            servers.append(info)
+    add_ratios(runs)
+    _print(runs, servers, series)
+
+    os.makedirs(args.out, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    tag = "quick" if args.quick else "full"
+    meta = {
+        **run_metadata(),
+        "series": series,
+        "params": {
+            **work,
+            "seed": args.seed,
+            "seed_offsets": SEED_OFFSET,
+            "clients": CLIENTS,
+            "dp_size": 2,
+            "policies": args.policies,
+            "small_pool_args": SMALL_POOL,
+            "stream": True,
+            "ttft": "client-measured, request sent to first SSE data chunk",
+        },
+        "wall_s": time.perf_counter() - t0,
+        "servers": servers,
+        "runs": runs,
+    }
+    path = Path(args.out) / f"bench_live_routing_{tag}_{stamp}.json"
+    path.write_text(json.dumps(meta, indent=2))
+    png = path.with_suffix(".png")
+    _plot(runs, args.policies, png, series)
+    shown = [p.relative_to(ROOT) if p.is_relative_to(ROOT) else p for p in (path, png)]
+    print(f"\nwrote {shown[0]} and {shown[1]}")
+    failed = [f"{s['policy']}-{s['group']}" for s in servers if "error" in s]
+    if failed:
+        sys.exit(f"failed server groups: {', '.join(failed)}")
+
+
+def _fmt(x, spec, none="-"):
+    """``none`` for a missing value: ``-`` (no round_robin row) or ``inf``."""
+    return format(x, spec) if x is not None else format(none, spec.split(".")[0] + "s")
+
+
+def _print(runs, servers, series):
+    print(f"\nlive DP=2 routing, sglang {series}")
+    head = (
+        f"{'mode':<11}{'policy':<15}{'reqs':>5}{'hit rate':>9}{'vs rr':>7}"
+        f"{'host sh':>8}{'rank split':>11}{'max/min':>8}{'sticky':>7}"
+        f"{'ttft p50':>9}{'vs rr':>7}{'ttft p90':>9}{'vs rr':>7}"
+    )
+    for mode in MODES:
+        rows = [r for r in runs if r["mode"] == mode]
+        if not rows:
+            continue
+        print(f"\n{head}")
+        for r in rows:
+            s = r["summary"]
+            split = "/".join(str(n) for n in s["requests_per_rank"])
+            sticky = f"{s['sticky_conversations']}/{s['conversations']}"
+            print(
+                f"{mode:<11}{r['policy']:<15}{s['requests']:>5}{s['hit_rate']:>9.3f}"
+                f"{_fmt(s['hit_rate_vs_rr'], '>7.2f')}{s['host_share']:>8.3f}"
+                f"{split:>11}{_fmt(s['rank_ratio'], '>8.2f', 'inf')}{sticky:>7}"
+                f"{s['ttft_p50_s']:>9.3f}{_fmt(s['ttft_p50_s_vs_rr'], '>7.2f')}"
+                f"{s['ttft_p90_s']:>9.3f}{_fmt(s['ttft_p90_s_vs_rr'], '>7.2f')}"
+            )
+    print("\nservers (start s, error-like log lines):")
+    for s in servers:
+        if "error" in s:
+            print(f"  {s['policy']:<15}{s['group']:<11} FAILED (see JSON)")
+            continue
+        print(
+            f"  {s['policy']:<15}{s['group']:<11}{s['start_s']:>6.0f} s"
+            f"{s['log_errors']['count']:>6}  sglang {s['sglang']}"
+        )
+    if len({s["sglang"] for s in servers if "sglang" in s} | {series}) > 1:
+        print("  WARNING: the installed sglang changed during the run")
+
+
+def _plot(runs, policies, png, series):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    modes = [m for m in MODES if any(r["mode"] == m for r in runs)]
+    width = 0.8 / len(policies)
+
+    def val(policy, mode, key):
+        rows = [r for r in runs if r["policy"] == policy and r["mode"] == mode]
+        if not rows:
+            return float("nan")
+        s = rows[0]["summary"]
+        return s[key] if not callable(key) else key(s)
+
+    panels = (
+        (axes[0], "hit_rate", "prefix hit rate (cached / prompt tokens)"),
+        (axes[1], "ttft_p50_s", "client TTFT p50 (s), p90 as marker"),
+        (
+            axes[2],
+            lambda s: s["sticky_conversations"] / s["conversations"],
+            "conversations that stayed on one rank",
+        ),
+    )
+    for ax, key, title in panels:
+        for j, p in enumerate(policies):
+            xs = [i + j * width for i in range(len(modes))]
+            ax.bar(xs, [val(p, m, key) for m in modes], width, label=p)
+            if key == "ttft_p50_s":
+                ax.scatter(
+                    xs, [val(p, m, "ttft_p90_s") for m in modes], marker="_", c="k"
+                )
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(modes))])
+        ax.set_xticklabels(modes)
+        ax.set_title(title, fontsize=10)
+    axes[0].legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"live DP=2 routing, sglang {series}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
