@@ -430,6 +430,13 @@ def cache_aware_cases(rank, world_size):
             _prompt(9, 40),
             loads=[(3, 0, 0), (2, 0, 0), (1, 0, 0), (4, 0, 0)],
         )
+        # Equally loaded candidates are taken in turn: misses while every
+        # rank reads idle spread over all ranks (no lowest-index bias).
+        spread = []
+        for i in range(dp):
+            run(f"spread-{i}", _prompt(20 + i, 40))
+            spread.append(out.pop(f"spread-{i}"))
+        out["miss_spread"] = spread
         # Host hits weigh less: rank 3 holds 56 tokens of `a` on GPU, rank 1
         # all 64 on host (0.75 * 64 = 48 < 56).
         sender.send(3, gpu=[a[:56]])

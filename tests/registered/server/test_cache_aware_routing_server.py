@@ -14,31 +14,27 @@ import unittest
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from harness.live_server import LiveServer, assert_all_gone
+from harness.live_server import HICACHE_ARGS, LiveServer, assert_all_gone
 from harness.live_workloads import hit_rate, run_conversations
 
 register_cpu_ci(est_time=420, suite="stage-a-test-cpu")
 
 DP = ["--dp-size", "2"]
-HICACHE = [
-    "--enable-hierarchical-cache",
-    "--hicache-io-backend",
-    "direct",
-    "--hicache-mem-layout",
-    "page_first_direct",
-    "--hicache-ratio",
-    "4",
-]
+HICACHE = HICACHE_ARGS + ["--hicache-ratio", "4"]
 
 
 class TestCacheAwareRoutingServer(unittest.TestCase):
     runs: dict = {}
 
     @classmethod
-    def _serve(cls, name, extra, **work):
+    def _serve(cls, name, extra, sequential=None, **work):
         server = LiveServer("patched", DP + extra, name=name)
         try:
             cls.runs[name] = run_conversations(server, **work)
+            if sequential:  # one client, on prefixes of their own (other seed)
+                cls.runs[name + "_sequential"] = run_conversations(
+                    server, clients=1, **sequential
+                )
         except Exception as exc:
             raise RuntimeError(f"{name}: {exc}\n{server.log_tail()}") from exc
         finally:
@@ -48,7 +44,12 @@ class TestCacheAwareRoutingServer(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         work = dict(n=6, turns=4, seed=7)
-        cls._serve("cache_aware", ["--load-balance-method", "cache_aware"], **work)
+        cls._serve(
+            "cache_aware",
+            ["--load-balance-method", "cache_aware"],
+            sequential=dict(n=6, turns=3, seed=13),
+            **work,
+        )
         cls._serve("round_robin", ["--load-balance-method", "round_robin"], **work)
         cls._serve(
             "small_pool",
@@ -68,6 +69,17 @@ class TestCacheAwareRoutingServer(unittest.TestCase):
         # Both ranks serve (a single rank would make stickiness trivial).
         ranks = {conv[0]["rank"] for conv in records}
         self.assertEqual(ranks, {0, 1}, records)
+
+    def test_sequential_traffic_spreads_and_sticks(self):
+        # One client: between requests both ranks read idle, so new
+        # conversations are spread by turn, not piled onto rank 0.
+        records = self.runs["cache_aware_sequential"]
+        per_rank = [0, 0]
+        for c, conv in enumerate(records):
+            self.assertEqual(len({r["rank"] for r in conv}), 1, (c, conv))
+            for r in conv:
+                per_rank[r["rank"]] += 1
+        self.assertLessEqual(max(per_rank), 1.25 * min(per_rank), per_rank)
 
     def test_round_robin_hits_less(self):
         ca, rr = hit_rate(self.runs["cache_aware"]), hit_rate(self.runs["round_robin"])

@@ -105,14 +105,52 @@ class TestCacheAwareCli(unittest.TestCase):
     def test_other_flag_validation(self):
         for kwargs, msg in (
             (dict(dp_routing_max_extra_reqs=-1), "max-extra-reqs must be >= 0"),
-            (dict(dp_routing_digest_max_age=0.0), "digest-max-age must be > 0"),
+            (dict(dp_routing_digest_max_age=0.0), "digest-max-age must be a finite"),
+            (dict(dp_routing_digest_max_age=float("inf")), "digest-max-age must be"),
+            (dict(dp_routing_digest_max_age=float("nan")), "digest-max-age must be"),
             (
                 dict(dp_routing_digest_publish_interval=-1.0),
-                "publish-interval must be > 0",
+                "publish-interval must be a finite number of seconds > 0",
+            ),
+            (
+                dict(dp_routing_digest_publish_interval=float("inf")),
+                "publish-interval must be a finite",
             ),
         ):
             with self.subTest(**kwargs), self.assertRaisesRegex(ValueError, msg):
                 _resolve(dp_size=2, load_balance_method="cache_aware", **kwargs)
+
+    def test_routing_flags_without_cache_aware_warn_once(self):
+        hook = "sglang.srt.arg_groups.cache_aware_routing_hook"
+        for kwargs, method in (
+            (dict(load_balance_method="round_robin"), "round_robin"),
+            ({}, "round_robin"),  # auto resolves to round_robin
+            (dict(disaggregation_mode="prefill"), "follow_bootstrap_room"),
+        ):
+            with self.subTest(**kwargs), self.assertLogs(hook, "WARNING") as logs:
+                resolved = _resolve(
+                    dp_size=2,
+                    page_size=1,
+                    dp_routing_max_extra_reqs=3,
+                    dp_routing_digest_chunk_size=64,
+                    **kwargs,
+                )
+            self.assertEqual(resolved[0], method)
+            self.assertEqual(len(logs.records), 1, logs.output)
+            msg = logs.output[0]
+            self.assertIn("--dp-routing-max-extra-reqs", msg)
+            self.assertIn("--dp-routing-digest-chunk-size", msg)
+            self.assertNotIn("--dp-routing-digest-max-age", msg)
+            self.assertIn(method, msg)
+        # Defaults (and cache_aware itself) warn about nothing.
+        with self.assertNoLogs(hook, "WARNING"):
+            _resolve(dp_size=2, page_size=1)
+            _resolve(
+                dp_size=2,
+                page_size=1,
+                load_balance_method="cache_aware",
+                dp_routing_max_extra_reqs=3,
+            )
 
     def test_auto_selection(self):
         self.assertEqual(_resolve(dp_size=2, page_size=1, **DECODE)[0], "cache_aware")

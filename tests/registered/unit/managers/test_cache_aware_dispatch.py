@@ -36,6 +36,11 @@ class TestCacheAwareDispatch(unittest.TestCase):
         # loads 3, 1, 2, 5 running requests
         self.assertLanded("no_digest", 1, "no_digest")
 
+    def test_misses_on_idle_ranks_spread(self):
+        landed = [rank for rank, _ in self.out["miss_spread"]]
+        self.assertEqual(sorted(landed), [0, 1, 2, 3], self.out["miss_spread"])
+        self.assertEqual({how for _, how in self.out["miss_spread"]}, {"no_match"})
+
     def test_best_match(self):
         self.assertLanded("best_match", 2, "match")
         self.assertLanded("best_match_b", 1, "match")
@@ -77,7 +82,8 @@ class TestCacheAwareDispatch(unittest.TestCase):
         self.assertEqual(stats["ineligible"], 1)
         self.assertEqual(
             sum(stats.values()),
-            sum(1 for v in self.out.values() if isinstance(v, tuple)),
+            sum(1 for v in self.out.values() if isinstance(v, tuple))
+            + len(self.out["miss_spread"]),
         )
 
 
