@@ -40,6 +40,15 @@ CPU_FLAGS = (
     "--disable-cuda-graph",
     "--skip-server-warmup",
 )
+# HiCache on CPU: the direct I/O backend with the page_first_direct layout (the
+# kernel backend's copy ops exist only on CUDA/ROCm).
+HICACHE_ARGS = (
+    "--enable-hierarchical-cache",
+    "--hicache-io-backend",
+    "direct",
+    "--hicache-mem-layout",
+    "page_first_direct",
+)
 
 
 def dp_size_of(args: list[str]) -> int:

@@ -51,23 +51,13 @@ sys.path.insert(0, str(ROOT / "benchmark"))
 
 from bench_meta import run_metadata  # noqa: E402
 
-from harness.live_server import LiveServer, assert_all_gone  # noqa: E402
+from harness.live_server import HICACHE_ARGS, LiveServer, assert_all_gone  # noqa: E402
 from harness.live_workloads import run_conversations  # noqa: E402
 
 POLICIES = ["round_robin", "total_requests", "cache_aware"]
 MODES = ["shuffled", "concurrent", "small_pool"]
 DP = ["--dp-size", "2"]
-SMALL_POOL = [
-    "--max-total-tokens",
-    "1536",
-    "--enable-hierarchical-cache",
-    "--hicache-io-backend",
-    "direct",
-    "--hicache-mem-layout",
-    "page_first_direct",
-    "--hicache-ratio",
-    "4",
-]
+SMALL_POOL = ["--max-total-tokens", "1536", *HICACHE_ARGS, "--hicache-ratio", "4"]
 CLIENTS = {"shuffled": 1, "concurrent": 4, "small_pool": 4}
 SEED_OFFSET = {"shuffled": 0, "concurrent": 1000, "small_pool": 2000}
 # Server groups: one start each, serving these modes in this order.

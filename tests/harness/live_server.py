@@ -33,6 +33,7 @@ finally:
 # Startup on 2 busy cores: ~35-45 s single, 60-120 s at DP=2; allow 3x that.
 START_TIMEOUT_S = {1: 240.0, 2: 420.0, 4: 600.0}
 REQUEST_TIMEOUT_S = 120.0
+HICACHE_ARGS = list(cpu_server.HICACHE_ARGS)
 
 
 def free_port() -> int:

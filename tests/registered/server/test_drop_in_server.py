@@ -14,7 +14,7 @@ import unittest
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from harness.live_server import LiveServer, assert_all_gone, greedy
+from harness.live_server import HICACHE_ARGS, LiveServer, assert_all_gone, greedy
 
 register_cpu_ci(est_time=300, suite="stage-a-test-cpu")
 
@@ -22,15 +22,6 @@ WORDS = (
     "cache prefix token rank host device page layer tree radix decode prefill "
     "router batch request server model kernel stream copy shard budget queue"
 ).split()
-HICACHE_ARGS = [
-    "--enable-hierarchical-cache",
-    "--hicache-io-backend",
-    "direct",
-    "--hicache-mem-layout",
-    "page_first_direct",
-    "--hicache-ratio",
-    "4",
-]
 
 
 def words(rng, n):
@@ -129,7 +120,7 @@ class TestDropInServer(unittest.TestCase):
         cls._serve(
             "hicache",
             "patched",
-            HICACHE_ARGS + ["--max-total-tokens", "1024"],
+            HICACHE_ARGS + ["--hicache-ratio", "4", "--max-total-tokens", "1024"],
             lambda s: run_greedy(s, eviction_prompts()),
         )
 

@@ -16,19 +16,12 @@ import uuid
 import psutil
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from harness.live_server import cpu_server, free_port, model_path
+from harness.live_server import HICACHE_ARGS, cpu_server, free_port, model_path
 
 register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
 
-# A refusal needs the launcher's imports only (~10 s on an idle core).
+# A refusal needs only the launcher's imports (tens of seconds on 2 busy cores).
 REFUSAL_TIMEOUT_S = 180
-HICACHE = [
-    "--enable-hierarchical-cache",
-    "--hicache-io-backend",
-    "direct",
-    "--hicache-mem-layout",
-    "page_first_direct",
-]
 CASES = {
     "decode_flag_on_non_decode_server": (
         ["--disaggregation-decode-enable-hicache"],
@@ -42,12 +35,12 @@ CASES = {
         ["cache_aware", "--disable-radix-cache"],
     ),
     "rank_shard_switch_not_a_boolean": (
-        HICACHE,
+        HICACHE_ARGS,
         {"SGLANG_ENABLE_HICACHE_RANK_SHARD": "abc"},
         ["SGLANG_ENABLE_HICACHE_RANK_SHARD", "abc", "accepted"],
     ),
     "rank_shard_knob_not_an_integer": (
-        HICACHE,
+        HICACHE_ARGS,
         {
             "SGLANG_ENABLE_HICACHE_RANK_SHARD": "1",
             "SGLANG_HICACHE_RANK_SHARD_STAGING_MB": "lots",
