@@ -73,7 +73,7 @@ lint: venv
 	$(VENV)/bin/python -m black --check scripts tests benchmark
 	$(VENV)/bin/python -m isort --check-only scripts tests benchmark
 	$(VENV)/bin/python -m ruff check scripts tests benchmark
-	$(VENV)/bin/codespell scripts tests benchmark README.md
+	$(VENV)/bin/codespell scripts tests benchmark README.md docs
 
 pytest: sysdeps install model
 	$(VENV)/bin/python -m pytest tests $(PYTEST_ARGS)
