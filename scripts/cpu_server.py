@@ -92,12 +92,17 @@ def server_env(extra_args: list[str] | None = None, base: dict | None = None) ->
     return env
 
 
-def server_args(model: Path | str, port: int, extra: list[str] | None = None):
+def cpu_args(extra: list[str] | None = None) -> list[str]:
+    """The CPU engine's flags followed by the user's (no model, host or port)."""
     extra = list(extra or [])
     # A bounded KV pool: the CPU engine otherwise sizes it from free memory
     # (0.95 of it), which a DP>1 launch cannot even determine.
     if not any(a.split("=")[0] == "--max-total-tokens" for a in extra):
         extra = ["--max-total-tokens", str(DEFAULT_MAX_TOTAL_TOKENS)] + extra
+    return [*CPU_FLAGS, *extra]
+
+
+def server_args(model: Path | str, port: int, extra: list[str] | None = None):
     return [
         "--model-path",
         str(model),
@@ -105,8 +110,7 @@ def server_args(model: Path | str, port: int, extra: list[str] | None = None):
         HOST,
         "--port",
         str(port),
-        *CPU_FLAGS,
-        *extra,
+        *cpu_args(extra),
     ]
 
 

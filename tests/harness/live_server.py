@@ -74,9 +74,8 @@ class LiveServer:
         elif tree != "patched":
             raise ValueError(f"unknown tree {tree!r}")
         child_env.update(env or {})
-        args = cpu_server.server_args(model_path(), self.port, self.extra_args)
         # popen_launch_server adds --model-path/--host/--port itself.
-        other = args[6:]
+        other = cpu_server.cpu_args(self.extra_args)
         self.proc = None
         self._out = open(self.stdout_path, "w")
         self._err = open(self.stderr_path, "w")
