@@ -1,7 +1,8 @@
 """Run one scenario against unpatched upstream and against the patched tree.
 
 ``run_scenario("upstream" | "patched", "harness.scenarios:l2_roundtrip",
-world_size, **kwargs)`` starts a fresh interpreter (so the two sglang trees
+world_size, **kwargs)`` runs the scenario on ``world_size`` gloo ranks forked
+from that tree's warm interpreter (``harness.warm_tree``; the two sglang trees
 never meet in one process) whose ``sglang`` is
 
 * ``upstream``: the pristine unpacked pinned wheel (``build/upstream/...``),
@@ -9,17 +10,14 @@ never meet in one process) whose ``sglang`` is
 * ``patched``: the patched sglang installed in this interpreter's environment
   (``make test`` installs the built wheel), or ``$SGL_PATCHED_TREE`` if set.
 
-It runs the scenario on ``world_size`` gloo ranks and returns the per-rank
-results; ``diff_results`` lists every difference between two runs.
+It returns the per-rank results; ``diff_results`` lists every difference
+between two runs.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 TESTS_DIR = Path(__file__).resolve().parent.parent
@@ -35,11 +33,15 @@ def upstream_tree() -> Path:
     return upstream.prepare()[1]
 
 
+def patched_tree() -> str | None:
+    return os.environ.get("SGL_PATCHED_TREE") or None
+
+
 def _tree_path(which: str) -> str | None:
     if which == "upstream":
         return str(upstream_tree())
     if which == "patched":
-        return os.environ.get("SGL_PATCHED_TREE") or None
+        return patched_tree()
     raise ValueError(f"unknown tree {which!r}")
 
 
@@ -52,29 +54,11 @@ def run_scenario(
     env: dict | None = None,
     **kwargs,
 ):
-    tree = _tree_path(which)
-    with tempfile.TemporaryDirectory() as tmp:
-        spec = Path(tmp) / "spec.pkl"
-        out = Path(tmp) / "out.pkl"
-        spec.write_bytes(pickle.dumps((target, world_size, timeout, kwargs)))
-        child_env = dict(os.environ)
-        child_env.update(env or {})
-        paths = [p for p in (tree, str(TESTS_DIR)) if p]
-        child_env["PYTHONPATH"] = os.pathsep.join(paths)
-        proc = subprocess.run(
-            [sys.executable, "-m", "harness.compare", str(spec), str(out)],
-            cwd=str(TESTS_DIR),
-            env=child_env,
-            capture_output=True,
-            text=True,
-            timeout=timeout + 60,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(
-                f"{which} run of {target} failed (exit {proc.returncode}):\n"
-                f"{proc.stderr[-6000:]}"
-            )
-        return pickle.loads(out.read_bytes())
+    from harness.warm_tree import warm_tree
+
+    return warm_tree(_tree_path(which)).run(
+        target, world_size, (), kwargs, timeout=timeout, env=env
+    )
 
 
 def diff_results(a, b, path: str = "", limit: int = 20) -> list[str]:
@@ -111,19 +95,3 @@ def diff_results(a, b, path: str = "", limit: int = 20) -> list[str]:
 
     walk(a, b, path or "result")
     return diffs
-
-
-def _child(spec_file: str, out_file: str) -> None:
-    import importlib
-
-    from harness.multiproc import run_ranks
-
-    target, world_size, timeout, kwargs = pickle.loads(Path(spec_file).read_bytes())
-    module, _, name = target.partition(":")
-    fn = getattr(importlib.import_module(module), name)
-    results = run_ranks(fn, world_size, timeout=timeout, **kwargs)
-    Path(out_file).write_bytes(pickle.dumps(results))
-
-
-if __name__ == "__main__":
-    _child(sys.argv[1], sys.argv[2])

@@ -1,0 +1,232 @@
+"""One warm interpreter per sglang tree; every scenario's ranks are forked from it.
+
+Importing sglang's scheduler stack takes 15-20 s of CPU on the CI machine, and
+a scenario used to pay it once per rank (a fresh interpreter each).  A
+``WarmTree`` starts ``python -m harness.warm_tree`` once per tree and pytest
+session with that tree first on ``PYTHONPATH``, imports the heavy modules there
+(``PRELOAD``, no threads started), and then serves requests: each request
+forks ``world_size`` children from the warm image, joins them into a gloo
+group and calls the scenario function in each (``harness.multiproc.fork_ranks``).
+
+Isolation is what it was with fresh interpreters: the upstream tree and the
+patched tree never meet in one process (one warm interpreter each), and every
+scenario runs in processes of its own (forked, so whatever a scenario patches
+or publishes dies with them).  Per-request environment variables are set in
+the forked children before the scenario runs; sglang reads the variables the
+tests vary (``envs.*``) at use, not at import.
+
+Protocol: one line ``<spec.pkl> <out.pkl>`` per request on stdin, one line
+``done`` on the control channel (the process's original stdout; its fd 1 is
+pointed at stderr so stray prints cannot corrupt it).  EOF on stdin ends it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import os
+import pickle
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+TESTS_DIR = Path(__file__).resolve().parent.parent
+
+# What the scenarios import; a module missing from a tree is skipped here and
+# fails in the scenario that needs it, as it would have without preloading.
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "sglang.srt.server_args",
+    "sglang.srt.managers.scheduler",
+    "sglang.srt.managers.data_parallel_controller",
+    "sglang.srt.disaggregation.decode",
+    "sglang.srt.mem_cache.unified_radix_cache",
+    "sglang.srt.mem_cache.hicache_storage",
+    "sglang.srt.mem_cache.memory_pool",
+    "sglang.srt.mem_cache.pool_host.mla",
+    "sglang.srt.mem_cache.pool_host.dsa",
+)
+
+# Starting includes the imports above; on a loaded 2-core machine they take
+# several times their idle 20 s.
+START_TIMEOUT = 600.0
+
+
+def resolve(target: str):
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def target_of(fn) -> str:
+    if "<locals>" in fn.__qualname__ or fn.__module__ == "__main__":
+        raise ValueError(
+            f"{fn.__qualname__} must be a module-level function of an importable module"
+        )
+    return f"{fn.__module__}:{fn.__qualname__}"
+
+
+class WarmTree:
+    """Client side: the warm interpreter of one tree (``PYTHONPATH`` entry)."""
+
+    def __init__(self, tree: str | None):
+        self.tree = tree
+        self.proc: subprocess.Popen | None = None
+        self.log_path: str | None = None
+
+    def _start(self) -> None:
+        fd, self.log_path = tempfile.mkstemp(prefix="warm-tree-", suffix=".log")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (self.tree, str(TESTS_DIR)) if p)
+        with os.fdopen(fd, "w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "harness.warm_tree"],
+                cwd=str(TESTS_DIR),
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                start_new_session=True,
+            )
+        self._expect("ready", START_TIMEOUT, "start")
+
+    def log_tail(self, chars: int = 6000) -> str:
+        try:
+            return Path(self.log_path).read_text(errors="replace")[-chars:]
+        except (OSError, TypeError):
+            return ""
+
+    def _expect(self, word: str, timeout: float, what: str) -> None:
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline().strip() if ready else ""
+        if line != word:
+            tail = self.log_tail()
+            self.stop()
+            why = f"no answer in {timeout:.0f}s" if not ready else f"got {line!r}"
+            raise RuntimeError(
+                f"warm interpreter for tree {self.tree or '(installed)'}: {what}: "
+                f"{why}\n{tail}"
+            )
+
+    def run(
+        self,
+        target: str,
+        world_size: int,
+        args=(),
+        kwargs=None,
+        *,
+        timeout: float,
+        env: dict | None = None,
+        backend: str = "gloo",
+    ):
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        with tempfile.TemporaryDirectory() as tmp:
+            spec, out = Path(tmp) / "spec.pkl", Path(tmp) / "out.pkl"
+            request = (target, world_size, args, kwargs or {}, timeout, env, backend)
+            spec.write_bytes(pickle.dumps(request))
+            self.proc.stdin.write(f"{spec} {out}\n")
+            self.proc.stdin.flush()
+            # The server kills ranks at ``timeout``; the margin covers reaping.
+            self._expect("done", timeout + 120, target)
+            status, payload = pickle.loads(out.read_bytes())
+        if status == "ok":
+            return payload
+        from harness.multiproc import RankFailure
+
+        if status == "rank_failure":
+            raise RankFailure(payload)
+        raise RuntimeError(f"{target}: {payload}")
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        try:  # the server and any rank it forked share its session
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+_TREES: dict[str | None, WarmTree] = {}
+
+
+def warm_tree(tree: str | None) -> WarmTree:
+    if tree not in _TREES:
+        _TREES[tree] = WarmTree(tree)
+    return _TREES[tree]
+
+
+@atexit.register
+def _stop_all() -> None:
+    for tree in _TREES.values():
+        tree.stop()
+        if tree.log_path:
+            Path(tree.log_path).unlink(missing_ok=True)
+
+
+def _serve() -> None:
+    from harness.multiproc import RankFailure, fork_ranks
+
+    control = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - reported, not fatal
+            print(f"warm_tree: preload {name} failed: {exc!r}", file=sys.stderr)
+    threads = len(os.listdir("/proc/self/task"))
+    if threads != 1:
+        print(f"warm_tree: {threads} threads after preload", file=sys.stderr)
+    control.write("ready\n")
+    control.flush()
+    for line in sys.stdin:
+        spec, out = line.split()
+        target, world_size, args, kwargs, timeout, env, backend = pickle.loads(
+            Path(spec).read_bytes()
+        )
+        started = time.monotonic()
+        try:
+            payload = (
+                "ok",
+                fork_ranks(
+                    resolve(target),
+                    world_size,
+                    args,
+                    kwargs,
+                    timeout=timeout,
+                    env=env,
+                    backend=backend,
+                ),
+            )
+        except RankFailure as exc:
+            payload = ("rank_failure", str(exc))
+        except BaseException:  # noqa: BLE001 - sent to the client
+            payload = ("error", traceback.format_exc())
+        print(
+            f"warm_tree: {target} x{world_size}: {payload[0]} "
+            f"in {time.monotonic() - started:.1f}s",
+            file=sys.stderr,
+        )
+        Path(out).write_bytes(pickle.dumps(payload))
+        control.write("done\n")
+        control.flush()
+
+
+if __name__ == "__main__":
+    _serve()
