@@ -161,12 +161,17 @@ class ControllerHandle:
         self.sink_endpoint = sink_endpoint
         self.port_args = port_args
 
-    def dispatch(self, req, timeout=60.0):
+    def dispatch(self, req, timeout=60.0, refresh=True):
         """Dispatch one request through the controller; returns its rank (the
-        stand-in schedulers may still be starting on a loaded machine)."""
+        stand-in schedulers may still be starting on a loaded machine).
+        ``refresh=False`` keeps the controller's speculative load counts of
+        the previous dispatches (a burst within one load refresh)."""
         import zmq
 
-        self.controller._last_refresh_time = 0.0  # refresh before every request
+        if refresh:
+            self.controller._last_refresh_time = 0.0
+        else:
+            self.controller._last_refresh_time = time.perf_counter() + 3600
         self.controller._request_dispatcher(req)
         if not self.sink.poll(int(timeout * 1000), zmq.POLLIN):
             raise TimeoutError(f"request {req.rid} did not reach any DP rank")
@@ -333,6 +338,7 @@ class _DigestSender:
         gpu=(),
         host=(),
         available=100000,
+        capacity=0,
         epoch=1,
         seq=None,
         remember=True,
@@ -342,7 +348,12 @@ class _DigestSender:
 
         if remember:
             self.state[rank] = dict(
-                gpu=gpu, host=host, available=available, epoch=epoch, **ns
+                gpu=gpu,
+                host=host,
+                available=available,
+                capacity=capacity,
+                epoch=epoch,
+                **ns,
             )
         seq = seq if seq is not None else self.seq.get((rank, epoch), 0) + 1
         if remember:
@@ -355,6 +366,7 @@ class _DigestSender:
             chunk_size=self.chunk_size,
             timestamp=time.time(),
             available_tokens=available,
+            capacity_tokens=capacity,
             gpu_hashes=pack_hashes(self.chunks(gpu, **ns)),
             host_hashes=pack_hashes(self.chunks(host, **ns) - self.chunks(gpu, **ns)),
         )
@@ -395,6 +407,8 @@ def cache_aware_cases(rank, world_size):
         dp_routing_digest_chunk_size=chunk,
         dp_routing_max_extra_reqs=max_extra,
         dp_routing_digest_max_age=3.0,
+        # Crafted digests alone decide here (pending_cases covers pending).
+        dp_routing_pending_ttl=0.0,
     )
     sender = _DigestSender(handle, page, chunk)
     router = handle.controller.cache_aware_router
@@ -470,12 +484,31 @@ def cache_aware_cases(rank, world_size):
             a + suffix,
             loads=[(1, 0, 0), (3, 0, 0), (1, 2 + max_extra, 0), (2, 0, 0)],
         )
-        # Capacity: rank 2 cannot hold the 10 uncached tokens; rank 0 holds
-        # half of `a` and has room.
-        sender.send(2, gpu=[a], available=5)
+        # Capacity: rank 2 (all of `a`) has no room for the 10 uncached
+        # tokens right now but could hold them: the request waits there
+        # rather than recompute 32 tokens on rank 0 (half of `a`, room).
+        sender.send(2, gpu=[a], available=5, capacity=1000)
+        sender.send(0, gpu=[a[:32]], available=1000)
+        sender.settle()
+        run("capacity_waits_on_best", a + suffix)
+        # ... it moves where it loses no cached token: rank 0 holds all of `a`
+        # on host and has room (rank 0 is less loaded than rank 3).
+        sender.send(0, host=[a], available=1000)
+        sender.send(3, host=[a], available=1000)
+        sender.settle()
+        run(
+            "capacity_same_prefix_elsewhere",
+            a + suffix,
+            loads=[(0, 0, 0), (1, 0, 0), (0, 0, 0), (1, 0, 0)],
+        )
+        sender.send(3)
+        # ... and where the best rank cannot hold it even empty: the next best
+        # that can (rank 0, half of `a`) ...
+        sender.send(2, gpu=[a], available=5, capacity=5)
         sender.send(0, gpu=[a[:32]], available=1000)
         sender.settle()
         run("capacity_next_best", a + suffix)
+        # ... else the least-loaded rank.
         sender.send(0, available=1000)
         sender.settle()
         run(
@@ -507,6 +540,13 @@ def cache_aware_cases(rank, world_size):
         sender.send(2, gpu=[a])
         sender.settle()
         run("tie", a + suffix, loads=[(2, 0, 0), (0, 0, 0), (1, 0, 0), (0, 0, 0)])
+        # Without pending prefixes a burst sharing a new prefix scatters
+        # (every rank's digest lacks it until one prefills it).
+        burst = _prompt(30, 48)
+        out["burst_without_pending"] = []
+        for i in range(3):
+            run(f"burst-{i}", burst + _prompt(40 + i, 6))
+            out["burst_without_pending"].append(out.pop(f"burst-{i}"))
         # Flush on rank 2 (empty digest, same epoch) and rank 0 restarted
         # (new epoch, seq restarts): the prefix is gone.
         sender.send(2)
@@ -536,6 +576,80 @@ def cache_aware_cases(rank, world_size):
             loads=[(1, 0, 0), (0, 0, 0), (1, 0, 0), (1, 0, 0)],
             fresh=False,
         )
+        out["stats"] = dict(router.stats)
+        return out
+    finally:
+        handle.close()
+
+
+def pending_cases(rank, world_size, ttl=1.0):
+    """Pending prefixes through the real controller: a burst sharing a new
+    prefix, confirmation by a digest, expiry after the TTL, a restart.
+    Returns ``(landed_rank, how)`` per request and pending sizes per rank."""
+    dp, page, chunk, max_extra = 4, 4, 8, 2
+    handle = start_controller(
+        dp,
+        load_balance_method="cache_aware",
+        page_size=page,
+        dp_routing_digest_chunk_size=chunk,
+        dp_routing_max_extra_reqs=max_extra,
+        dp_routing_digest_max_age=30.0,
+        dp_routing_pending_ttl=ttl,
+    )
+    sender = _DigestSender(handle, page, chunk)
+    router = handle.controller.cache_aware_router
+    out = {}
+
+    def go(rid, tokens, refresh=True):
+        before = dict(router.stats)
+        landed = handle.dispatch(make_req(rid, tokens), refresh=refresh)
+        how = [k for k, v in router.stats.items() if v != before.get(k, 0)]
+        return landed, how[0] if len(how) == 1 else how
+
+    def pending_sizes():
+        return [len(x) for x in router.pending]
+
+    try:
+        write_loads(handle.port_args, [(0, 0, 0)] * dp)
+        for r in range(dp):
+            sender.send(r)
+        out["settled"] = sender.settle()
+        p = _prompt(50, 48)
+        # Within one load refresh: the first request misses, the next ones
+        # follow it while the load check allows (max_extra 2), then override.
+        out["burst"] = [
+            go(f"b{i}", p + _prompt(60 + i, 8), refresh=i == 0)
+            for i in range(max_extra + 2)
+        ]
+        first = out["burst"][0][0]
+        out["pending_after_burst"] = pending_sizes()
+        # A digest without the prefix (its prefill still queued) keeps it.
+        sender.send(first)
+        sender.settle()
+        out["pending_after_empty_digest"] = pending_sizes()
+        # The digest that shows the first request's prompt confirms its 7
+        # chunks; the other two requests' last chunks stay pending.
+        sender.send(first, gpu=[p + _prompt(60, 8)])
+        sender.settle()
+        out["pending_after_confirm"] = pending_sizes()
+        # Expiry: a new prefix, followed once, then nothing confirms it.
+        q = _prompt(70, 48)
+        write_loads(handle.port_args, [(0, 0, 0)] * dp)
+        out["expiring"] = go("e0", q + _prompt(71, 4))
+        out["before_ttl"] = go("e1", q + _prompt(72, 4))
+        time.sleep(ttl + 0.2)
+        sender.republish()
+        loads = [(0, 0, 0)] * dp
+        loads[out["expiring"][0]] = (1, 0, 0)
+        write_loads(handle.port_args, loads)
+        time.sleep(0.002)
+        out["after_ttl"] = go("e2", q + _prompt(73, 4))
+        # A restarted rank (new epoch) drops what was pending on it.
+        restarted, _ = go("r0", _prompt(80, 48))
+        out["pending_before_restart"] = len(router.pending[restarted])
+        sender.send(restarted, epoch=9, seq=1)
+        sender.settle()
+        out["pending_after_restart"] = len(router.pending[restarted])
         out["stats"] = dict(router.stats)
         return out
     finally:

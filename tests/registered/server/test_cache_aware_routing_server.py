@@ -7,9 +7,11 @@ cache_aware`` every conversation stays on one DP rank (``meta_info.dp_rank``)
 and every later turn is served from cache (``cached_tokens`` >= the previous
 prompt); round_robin on the same workload has a strictly lower hit rate.  With
 a small device pool and HiCache the host tier's prefixes are routed to as well
-(``cached_tokens_details.host``).
+(``cached_tokens_details.host``).  With ``--enable-metrics`` the router's
+Prometheus series are on the server's ``/metrics``.
 """
 
+import re
 import unittest
 
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -23,8 +25,18 @@ DP = ["--dp-size", "2"]
 HICACHE = HICACHE_ARGS + ["--hicache-ratio", "4"]
 
 
+def scrape(text: str, name: str) -> dict:
+    """``{labels: value}`` of one Prometheus series in a /metrics page."""
+    out = {}
+    for m in re.finditer(rf"^{re.escape(name)}\{{([^}}]*)\}} (\S+)$", text, re.M):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        out[tuple(sorted(labels.items()))] = float(m.group(2))
+    return out
+
+
 class TestCacheAwareRoutingServer(unittest.TestCase):
     runs: dict = {}
+    metrics: dict = {}
 
     @classmethod
     def _serve(cls, name, extra, sequential=None, **work):
@@ -35,6 +47,8 @@ class TestCacheAwareRoutingServer(unittest.TestCase):
                 cls.runs[name + "_sequential"] = run_conversations(
                     server, clients=1, **sequential
                 )
+            if "--enable-metrics" in extra:
+                cls.metrics[name] = server.get("/metrics").text
         except Exception as exc:
             raise RuntimeError(f"{name}: {exc}\n{server.log_tail()}") from exc
         finally:
@@ -46,7 +60,7 @@ class TestCacheAwareRoutingServer(unittest.TestCase):
         work = dict(n=6, turns=4, seed=7)
         cls._serve(
             "cache_aware",
-            ["--load-balance-method", "cache_aware"],
+            ["--load-balance-method", "cache_aware", "--enable-metrics"],
             sequential=dict(n=6, turns=3, seed=13),
             **work,
         )
@@ -80,6 +94,33 @@ class TestCacheAwareRoutingServer(unittest.TestCase):
             for r in conv:
                 per_rank[r["rank"]] += 1
         self.assertLessEqual(max(per_rank), 1.25 * min(per_rank), per_rank)
+
+    def test_router_metrics_on_the_metrics_endpoint(self):
+        text = self.metrics["cache_aware"]
+        outcomes = {
+            dict(k)["outcome"]: v
+            for k, v in scrape(text, "sglang:dp_routing_requests_total").items()
+        }
+        requests = sum(
+            len(conv)
+            for key in ("cache_aware", "cache_aware_sequential")
+            for conv in self.runs[key]
+        )
+        # Every request of both workloads counted once (health checks bypass
+        # the router; warmup is skipped); later turns routed by their match.
+        self.assertEqual(sum(outcomes.values()), requests, outcomes)
+        self.assertGreaterEqual(outcomes.get("match", 0), requests // 2, outcomes)
+        tokens = {
+            dict(k)["tier"]: v
+            for k, v in scrape(text, "sglang:dp_routing_matched_tokens_total").items()
+        }
+        self.assertGreater(tokens.get("device", 0), 0, tokens)
+        ages = {
+            dict(k)["dp_rank"]: v
+            for k, v in scrape(text, "sglang:dp_routing_digest_age_seconds").items()
+        }
+        self.assertEqual(set(ages), {"0", "1"}, ages)
+        self.assertTrue(all(0 <= a < 5.0 for a in ages.values()), ages)
 
     def test_round_robin_hits_less(self):
         ca, rr = hit_rate(self.runs["cache_aware"]), hit_rate(self.runs["round_robin"])

@@ -52,13 +52,17 @@ class TestCacheAwareCli(unittest.TestCase):
             "2.5",
             "--dp-routing-digest-publish-interval",
             "0.2",
+            "--dp-routing-pending-ttl",
+            "0",
         )
         self.assertEqual(args.load_balance_method, "cache_aware")
         self.assertEqual(args.dp_routing_digest_chunk_size, 128)
         self.assertEqual(args.dp_routing_max_extra_reqs, 3)
         self.assertEqual(args.dp_routing_digest_max_age, 2.5)
         self.assertEqual(args.dp_routing_digest_publish_interval, 0.2)
+        self.assertEqual(args.dp_routing_pending_ttl, 0.0)
         defaults = _parse()
+        self.assertEqual(defaults.dp_routing_pending_ttl, 2.0)
         self.assertEqual(defaults.load_balance_method, "auto")
         self.assertIsNone(defaults.dp_routing_digest_chunk_size)
         with self.assertRaises(SystemExit):
@@ -116,6 +120,11 @@ class TestCacheAwareCli(unittest.TestCase):
                 dict(dp_routing_digest_publish_interval=float("inf")),
                 "publish-interval must be a finite",
             ),
+            (
+                dict(dp_routing_pending_ttl=-0.5),
+                r"pending-ttl must be a finite number of seconds >= 0 \(0 disables",
+            ),
+            (dict(dp_routing_pending_ttl=float("inf")), "pending-ttl must be a finite"),
         ):
             with self.subTest(**kwargs), self.assertRaisesRegex(ValueError, msg):
                 _resolve(dp_size=2, load_balance_method="cache_aware", **kwargs)
@@ -133,6 +142,7 @@ class TestCacheAwareCli(unittest.TestCase):
                     page_size=1,
                     dp_routing_max_extra_reqs=3,
                     dp_routing_digest_chunk_size=64,
+                    dp_routing_pending_ttl=0.0,
                     **kwargs,
                 )
             self.assertEqual(resolved[0], method)
@@ -140,6 +150,7 @@ class TestCacheAwareCli(unittest.TestCase):
             msg = logs.output[0]
             self.assertIn("--dp-routing-max-extra-reqs", msg)
             self.assertIn("--dp-routing-digest-chunk-size", msg)
+            self.assertIn("--dp-routing-pending-ttl", msg)
             self.assertNotIn("--dp-routing-digest-max-age", msg)
             self.assertIn(method, msg)
         # Defaults (and cache_aware itself) warn about nothing.

@@ -13,7 +13,7 @@ import unittest
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.multiproc import run_ranks
-from harness.routing_scenarios import cache_aware_cases
+from harness.routing_scenarios import cache_aware_cases, pending_cases
 
 register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
 
@@ -39,12 +39,12 @@ class TestCacheAwareDispatch(unittest.TestCase):
     def test_misses_on_idle_ranks_spread(self):
         landed = [rank for rank, _ in self.out["miss_spread"]]
         self.assertEqual(sorted(landed), [0, 1, 2, 3], self.out["miss_spread"])
-        self.assertEqual({how for _, how in self.out["miss_spread"]}, {"no_match"})
+        self.assertEqual({how for _, how in self.out["miss_spread"]}, {"miss"})
 
     def test_best_match(self):
         self.assertLanded("best_match", 2, "match")
         self.assertLanded("best_match_b", 1, "match")
-        self.assertLanded("no_match", 2, "no_match")  # least loaded
+        self.assertLanded("no_match", 2, "miss")  # least loaded
 
     def test_host_hits_weigh_less(self):
         # GPU 56 tokens beats host 64 (0.75 x 64 = 48) ...
@@ -57,34 +57,85 @@ class TestCacheAwareDispatch(unittest.TestCase):
         self.assertLanded("extra_over_threshold", 0, "override")
         self.assertLanded("extra_waiting_counts", 0, "override")
 
-    def test_capacity_fallback(self):
+    def test_capacity_keeps_the_cached_prefix(self):
+        # No room now but room in its pool: the best rank keeps it ...
+        self.assertLanded("capacity_waits_on_best", 2, "match")
+        # ... unless a rank with room holds as much of the prefix.
+        self.assertLanded("capacity_same_prefix_elsewhere", 0, "capacity")
+        # Cannot hold it even empty: the next best rank, else least loaded.
         self.assertLanded("capacity_next_best", 0, "capacity")
         self.assertLanded("capacity_least_loaded", 1, "capacity")
 
     def test_namespaces(self):
-        self.assertLanded("salted", 1, "no_match")
+        self.assertLanded("salted", 1, "miss")
         self.assertLanded("salted_own_digest", 3, "match")
 
     def test_ineligible_and_tie(self):
-        self.assertLanded("input_embeds", 2, "ineligible")
+        self.assertLanded("input_embeds", 2, "unsupported")
         self.assertLanded("tie", 2, "tie")
 
     def test_flush_restart_and_staleness(self):
-        self.assertLanded("after_flush", 0, "no_match")
-        self.assertLanded("old_seq_ignored", 0, "no_match")
+        self.assertLanded("after_flush", 0, "miss")
+        self.assertLanded("old_seq_ignored", 0, "miss")
         self.assertLanded("fresh_again", 2, "match")
         self.assertLanded("stale", 1, "no_digest")
+
+    def test_burst_without_pending_scatters(self):
+        burst = self.out["burst_without_pending"]
+        self.assertEqual({how for _, how in burst}, {"miss"}, burst)
+        self.assertEqual(len({rank for rank, _ in burst}), 3, burst)
 
     def test_counters(self):
         stats = self.out["stats"]
         self.assertEqual(stats["override"], 2)
-        self.assertEqual(stats["capacity"], 2)
-        self.assertEqual(stats["ineligible"], 1)
+        self.assertEqual(stats["capacity"], 3)
+        self.assertEqual(stats["unsupported"], 1)
         self.assertEqual(
             sum(stats.values()),
             sum(1 for v in self.out.values() if isinstance(v, tuple))
-            + len(self.out["miss_spread"]),
+            + len(self.out["miss_spread"])
+            + len(self.out["burst_without_pending"]),
         )
+
+
+class TestPendingPrefixes(unittest.TestCase):
+    """--dp-routing-pending-ttl: a dispatched prefix counts on its rank until
+    that rank's digest shows it or the TTL passes."""
+
+    TTL = 1.0
+
+    @classmethod
+    def setUpClass(cls):
+        cls.out = run_ranks(pending_cases, 1, timeout=600, ttl=cls.TTL)[0]
+
+    def test_burst_follows_its_first_request_up_to_the_override(self):
+        self.assertTrue(self.out["settled"])
+        burst = self.out["burst"]
+        first = burst[0][0]
+        self.assertEqual(
+            burst[:3], [(first, "miss"), (first, "match"), (first, "match")], burst
+        )
+        self.assertNotEqual(burst[3][0], first)
+        self.assertEqual(burst[3][1], "override")
+
+    def test_confirmed_by_the_digest_that_shows_it(self):
+        first = self.out["burst"][0][0]
+        # 6 shared chunks + the last chunk of each of the 3 requests.
+        self.assertEqual(self.out["pending_after_burst"][first], 9)
+        self.assertEqual(self.out["pending_after_empty_digest"][first], 9)
+        self.assertEqual(self.out["pending_after_confirm"][first], 2)
+
+    def test_expires_after_the_ttl(self):
+        rank, how = self.out["expiring"]
+        self.assertEqual(how, "miss")
+        self.assertEqual(self.out["before_ttl"], (rank, "match"))
+        after_rank, after_how = self.out["after_ttl"]
+        self.assertEqual(after_how, "miss")
+        self.assertNotEqual(after_rank, rank)
+
+    def test_restart_drops_pending(self):
+        self.assertGreaterEqual(self.out["pending_before_restart"], 6)
+        self.assertEqual(self.out["pending_after_restart"], 0)
 
 
 if __name__ == "__main__":

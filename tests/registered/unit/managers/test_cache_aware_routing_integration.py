@@ -28,7 +28,7 @@ class TestCacheAwareEndToEnd(unittest.TestCase):
         # The first turn goes by load to the least loaded rank (dp-1), the
         # later turns follow the conversation's cache there.
         self.assertEqual(out["turns"], [dp - 1] * len(out["turns"]))
-        self.assertEqual(out["stats"].get("no_match"), 1)
+        self.assertEqual(out["stats"].get("miss"), 1)
 
     def test_rust_tree_core(self):
         out = run_ranks(cache_aware_end_to_end, 1, timeout=600, dp=3)[0]
