@@ -9,21 +9,30 @@ as ``input_ids`` by streaming ``/generate`` (client-measured TTFT = time to the
 first SSE data chunk; ``meta_info`` and the output ids from the final chunk).
 
 Policies (``--load-balance-method``): ``round_robin``, ``total_requests``
-(upstream) and ``cache_aware`` (ours).  Modes:
+(upstream) and ``cache_aware`` (ours, the installed wheel); with
+``--baseline-rev REV`` also ``cache_aware@REV``: the same method from the
+series as committed at ``REV`` (applied onto the pristine pinned wheel in a
+scratch tree that the server gets first on ``PYTHONPATH``), e.g. the routing
+as released before a change.  Modes:
 
 * ``shuffled``: one client, each turn's conversations in a shuffled order;
 * ``concurrent``: the same with 4 concurrent clients;
+* ``burst``: bursts of 6 requests sent at once that share a new 400-token
+  system prompt (each with its own question);
 * ``small_pool``: 4 concurrent clients on a server with
   ``--max-total-tokens 1536`` and HiCache (direct io, page_first_direct,
   ratio 4), so device prefixes are evicted to the host tier.
 
-One server per policy serves ``shuffled`` then ``concurrent`` (different seeds:
-no shared prefixes), one small-pool server per policy serves ``small_pool``:
-6 DP=2 starts in all, one at a time, each stopped with its process tree.
+One server per policy serves ``shuffled``, ``concurrent`` and ``burst``
+(different seeds: no shared prefixes), one small-pool server per policy serves
+``small_pool``: two DP=2 starts per policy, one at a time, each stopped with
+its process tree.
 
-Reported per policy and mode: hit rate (cached / prompt tokens), host-tier
-share of the cached tokens, requests per DP rank (max, min, max/min),
-conversations that stayed on one rank, TTFT p50/p90; ratios are against
+Reported per policy and mode: hit rate (cached / prompt tokens), the sticky
+oracle's hit rate (a rank that kept each conversation or burst prefix whole:
+``oracle`` in ``harness.live_workloads``) and hit / oracle, host-tier share of
+the cached tokens, requests per DP rank (max, min, max/min), conversations (or
+bursts) that stayed on one rank, TTFT p50/p90; ratios are against
 ``round_robin`` of the same mode in the same run.  The JSON (in ``--out``,
 default ``results/``) holds the run metadata, the ``series`` label (the
 installed sglang version), the parameters, the summaries and every record;
@@ -40,6 +49,7 @@ import importlib.metadata
 import json
 import os
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -52,17 +62,18 @@ sys.path.insert(0, str(ROOT / "benchmark"))
 from bench_meta import run_metadata  # noqa: E402
 
 from harness.live_server import HICACHE_ARGS, LiveServer, assert_all_gone  # noqa: E402
-from harness.live_workloads import run_conversations  # noqa: E402
+from harness.live_workloads import run_bursts, run_conversations  # noqa: E402
 
 POLICIES = ["round_robin", "total_requests", "cache_aware"]
-MODES = ["shuffled", "concurrent", "small_pool"]
+MODES = ["shuffled", "concurrent", "burst", "small_pool"]
 DP = ["--dp-size", "2"]
 SMALL_POOL = ["--max-total-tokens", "1536", *HICACHE_ARGS, "--hicache-ratio", "4"]
 CLIENTS = {"shuffled": 1, "concurrent": 4, "small_pool": 4}
-SEED_OFFSET = {"shuffled": 0, "concurrent": 1000, "small_pool": 2000}
+SEED_OFFSET = {"shuffled": 0, "concurrent": 1000, "burst": 3000, "small_pool": 2000}
+BURST = dict(size=6, prompt_tokens=400, question_tokens=30)
 # Server groups: one start each, serving these modes in this order.
 GROUPS = [
-    ("default", [], ["shuffled", "concurrent"]),
+    ("default", [], ["shuffled", "concurrent", "burst"]),
     ("small_pool", SMALL_POOL, ["small_pool"]),
 ]
 ERROR_RE = re.compile(r"Traceback|\bERROR\b|Exception|exception")
@@ -77,6 +88,7 @@ def summarize(records, dp=2):
     flat = [r for conv in records for r in conv]
     prompt = sum(r["prompt"] for r in flat)
     cached = sum(r["cached"] for r in flat)
+    oracle = sum(r["oracle"] for r in flat)
     host = sum(r["host"] for r in flat)
     per_rank = [sum(r["rank"] == k for r in flat) for k in range(dp)]
     lo, hi = min(per_rank), max(per_rank)
@@ -87,6 +99,8 @@ def summarize(records, dp=2):
         "cached_tokens": cached,
         "host_tokens": host,
         "hit_rate": cached / prompt if prompt else float("nan"),
+        "oracle_hit_rate": oracle / prompt if prompt else float("nan"),
+        "hit_vs_oracle": cached / oracle if oracle else float("nan"),
         "host_share": host / cached if cached else 0.0,
         "requests_per_rank": per_rank,
         "rank_max": hi,
@@ -106,13 +120,59 @@ def log_errors(server, limit=20):
     return {"count": len(lines), "first": lines[:limit]}
 
 
-def serve_group(policy, group, extra, modes, work, seed):
+def subprocess_rev(rev: str) -> str:
+    import subprocess
+
+    return subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", rev],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+
+
+def series_tree(rev: str) -> Path:
+    """The pristine pinned wheel with the series as committed at ``rev``
+    applied (quilt format, -p1), in a scratch directory."""
+    import subprocess
+    import tarfile
+    import tempfile
+
+    from harness.compare import upstream_tree
+
+    root = Path(tempfile.mkdtemp(prefix=f"series-{rev}-"))
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", rev, "patches"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    with tarfile.open(fileobj=__import__("io").BytesIO(archive)) as tar:
+        tar.extractall(root, filter="data")
+    tree = root / "tree"
+    shutil.copytree(upstream_tree(), tree, symlinks=True)
+    series = (root / "patches" / "series").read_text().splitlines()
+    for line in series:
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        with open(root / "patches" / line, "rb") as f:
+            subprocess.run(
+                ["patch", "-p1", "-s", "-f", "--no-backup-if-mismatch", "-F0"],
+                stdin=f,
+                cwd=tree,
+                check=True,
+            )
+    return tree
+
+
+def serve_group(policy, group, extra, modes, work, seed, tree="patched"):
     """One server start for ``policy``: every mode of the group, then stop."""
     name = f"{policy}-{group}"
-    args = DP + ["--load-balance-method", policy] + extra
+    method = policy.split("@", 1)[0]
+    args = DP + ["--load-balance-method", method] + extra
     t0 = time.perf_counter()
     print(f"[{name}] starting: {' '.join(args)}", flush=True)
-    server = LiveServer("patched", args, name=name)
+    server = LiveServer(tree, args, name=name)
     info = {
         "policy": policy,
         "group": group,
@@ -120,7 +180,7 @@ def serve_group(policy, group, extra, modes, work, seed):
         "start_s": time.perf_counter() - t0,
         "logdir": server.logdir.name,
         # The wheel can be reinstalled under a long run: record what served.
-        "sglang": importlib.metadata.version("sglang"),
+        "sglang": importlib.metadata.version("sglang") if tree == "patched" else tree,
     }
     print(f"[{name}] up in {info['start_s']:.0f} s", flush=True)
     runs = []
@@ -128,13 +188,24 @@ def serve_group(policy, group, extra, modes, work, seed):
         for mode in modes:
             t1 = time.perf_counter()
             try:
-                records = run_conversations(
-                    server,
-                    seed=seed + SEED_OFFSET[mode],
-                    clients=CLIENTS[mode],
-                    stream=True,
-                    **work,
-                )
+                if mode == "burst":
+                    records = run_bursts(
+                        server,
+                        bursts=work["n"],
+                        seed=seed + SEED_OFFSET[mode],
+                        think_s=work["think_s"],
+                        max_new_tokens=work["max_new_tokens"],
+                        stream=True,
+                        **BURST,
+                    )
+                else:
+                    records = run_conversations(
+                        server,
+                        seed=seed + SEED_OFFSET[mode],
+                        clients=CLIENTS[mode],
+                        stream=True,
+                        **work,
+                    )
             except Exception as exc:
                 raise RuntimeError(
                     f"{name}/{mode}: {exc}\n{server.log_tail()}"
@@ -178,6 +249,11 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=8)
     ap.add_argument("--think-s", type=float, default=0.5)
     ap.add_argument("--policies", nargs="+", default=POLICIES, choices=POLICIES)
+    ap.add_argument(
+        "--baseline-rev",
+        default=None,
+        help="also run cache_aware from the series at this git revision",
+    )
     args = ap.parse_args()
 
     work = dict(
@@ -190,19 +266,32 @@ def main():
     )
     series = importlib.metadata.version("sglang")
     t0 = time.perf_counter()
+    policies = [(p, "patched") for p in args.policies]
+    if args.baseline_rev:
+        rev = subprocess_rev(args.baseline_rev)
+        policies.append((f"cache_aware@{rev}", str(series_tree(rev))))
     runs, servers = [], []
-    for policy in args.policies:
-        for group, extra, modes in GROUPS:
-            try:
-                group_runs, info = serve_group(
-                    policy, group, extra, modes, work, args.seed
-                )
-            except Exception as exc:  # keep the other groups' results
-                print(f"[{policy}-{group}] FAILED: {exc}", flush=True)
-                group_runs = []
-                info = {"policy": policy, "group": group, "error": str(exc)[-6000:]}
-            runs += group_runs
-            servers.append(info)
+    try:
+        for policy, tree in policies:
+            for group, extra, modes in GROUPS:
+                try:
+                    group_runs, info = serve_group(
+                        policy, group, extra, modes, work, args.seed, tree
+                    )
+                except Exception as exc:  # keep the other groups' results
+                    print(f"[{policy}-{group}] FAILED: {exc}", flush=True)
+                    group_runs = []
+                    info = {
+                        "policy": policy,
+                        "group": group,
+                        "error": str(exc)[-6000:],
+                    }
+                runs += group_runs
+                servers.append(info)
+    finally:
+        for _, tree in policies:
+            if tree != "patched":
+                shutil.rmtree(Path(tree).parent, ignore_errors=True)
     add_ratios(runs)
     _print(runs, servers, series)
 
@@ -218,7 +307,8 @@ def main():
             "seed_offsets": SEED_OFFSET,
             "clients": CLIENTS,
             "dp_size": 2,
-            "policies": args.policies,
+            "policies": [p for p, _ in policies],
+            "burst": BURST,
             "small_pool_args": SMALL_POOL,
             "stream": True,
             "ttft": "client-measured, request sent to first SSE data chunk",
@@ -230,7 +320,7 @@ def main():
     path = Path(args.out) / f"bench_live_routing_{tag}_{stamp}.json"
     path.write_text(json.dumps(meta, indent=2))
     png = path.with_suffix(".png")
-    _plot(runs, args.policies, png, series)
+    _plot(runs, [p for p, _ in policies], png, series)
     shown = [p.relative_to(ROOT) if p.is_relative_to(ROOT) else p for p in (path, png)]
     print(f"\nwrote {shown[0]} and {shown[1]}")
     failed = [f"{s['policy']}-{s['group']}" for s in servers if "error" in s]
@@ -246,7 +336,8 @@ def _fmt(x, spec, none="-"):
 def _print(runs, servers, series):
     print(f"\nlive DP=2 routing, sglang {series}")
     head = (
-        f"{'mode':<11}{'policy':<15}{'reqs':>5}{'hit rate':>9}{'vs rr':>7}"
+        f"{'mode':<11}{'policy':<21}{'reqs':>5}{'hit rate':>9}{'vs rr':>7}"
+        f"{'oracle':>7}{'/orcl':>6}"
         f"{'host sh':>8}{'rank split':>11}{'max/min':>8}{'sticky':>7}"
         f"{'ttft p50':>9}{'vs rr':>7}{'ttft p90':>9}{'vs rr':>7}"
     )
@@ -260,8 +351,9 @@ def _print(runs, servers, series):
             split = "/".join(str(n) for n in s["requests_per_rank"])
             sticky = f"{s['sticky_conversations']}/{s['conversations']}"
             print(
-                f"{mode:<11}{r['policy']:<15}{s['requests']:>5}{s['hit_rate']:>9.3f}"
-                f"{_fmt(s['hit_rate_vs_rr'], '>7.2f')}{s['host_share']:>8.3f}"
+                f"{mode:<11}{r['policy']:<21}{s['requests']:>5}{s['hit_rate']:>9.3f}"
+                f"{_fmt(s['hit_rate_vs_rr'], '>7.2f')}{s['oracle_hit_rate']:>7.3f}"
+                f"{s['hit_vs_oracle']:>6.2f}{s['host_share']:>8.3f}"
                 f"{split:>11}{_fmt(s['rank_ratio'], '>8.2f', 'inf')}{sticky:>7}"
                 f"{s['ttft_p50_s']:>9.3f}{_fmt(s['ttft_p50_s_vs_rr'], '>7.2f')}"
                 f"{s['ttft_p90_s']:>9.3f}{_fmt(s['ttft_p90_s_vs_rr'], '>7.2f')}"
@@ -269,10 +361,10 @@ def _print(runs, servers, series):
     print("\nservers (start s, error-like log lines):")
     for s in servers:
         if "error" in s:
-            print(f"  {s['policy']:<15}{s['group']:<11} FAILED (see JSON)")
+            print(f"  {s['policy']:<21}{s['group']:<11} FAILED (see JSON)")
             continue
         print(
-            f"  {s['policy']:<15}{s['group']:<11}{s['start_s']:>6.0f} s"
+            f"  {s['policy']:<21}{s['group']:<11}{s['start_s']:>6.0f} s"
             f"{s['log_errors']['count']:>6}  sglang {s['sglang']}"
         )
     if len({s["sglang"] for s in servers if "sglang" in s} | {series}) > 1:
@@ -297,12 +389,12 @@ def _plot(runs, policies, png, series):
         return s[key] if not callable(key) else key(s)
 
     panels = (
-        (axes[0], "hit_rate", "prefix hit rate (cached / prompt tokens)"),
+        (axes[0], "hit_vs_oracle", "prefix hits / sticky oracle's"),
         (axes[1], "ttft_p50_s", "client TTFT p50 (s), p90 as marker"),
         (
             axes[2],
             lambda s: s["sticky_conversations"] / s["conversations"],
-            "conversations that stayed on one rank",
+            "conversations (bursts) that stayed on one rank",
         ),
     )
     for ax, key, title in panels:

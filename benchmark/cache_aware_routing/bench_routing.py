@@ -15,8 +15,11 @@ by side in one run:
 
 * ``round_robin``, ``total_requests``, ``total_tokens``: upstream's methods;
 * ``cache_aware``: ours (``CacheAwareRouter`` fed by ``PrefixDigestTracker``
-  digests published every 100 ms of simulated time, default chunk size and
-  ``--dp-routing-max-extra-reqs``);
+  digests published every 100 ms of simulated time, encoded and decoded as on
+  the wire, with the server defaults: chunk size, ``--dp-routing-max-extra-reqs``,
+  ``--dp-routing-pending-ttl``); ``cache_aware_ttl0`` the same without pending
+  prefixes. Controller time counts routing and digest decoding, not the
+  ranks' digest building;
 * ``smg``: SGLang Model Gateway's ``cache_aware`` policy with its Python
   RouterArgs defaults (cache_threshold 0.3, balance_abs_threshold 64,
   balance_rel_threshold 1.5): a per-worker approximate tree of what it routed
@@ -136,6 +139,7 @@ class Rank:
     def __init__(self, kv_tokens, host_ratio):
         from harness.radix_trees import build_tree, enable_hicache
 
+        self.kv_tokens = kv_tokens
         self.tree = build_tree(PAGE, "rust", kv_size=kv_tokens)
         enable_hicache(self.tree, hicache_size=0, hicache_ratio=host_ratio)
         self.tree.cache.take_events()
@@ -178,6 +182,9 @@ class Budget:
 
 class Policy:
     name = ""
+    # Time spent inside ``choose`` on the DP ranks' behalf (building their
+    # digests), not counted as controller time.
+    rank_side_s = 0.0
 
     def __init__(self, ranks):
         self.ranks = ranks
@@ -227,6 +234,7 @@ class TotalTokens(Policy):
 
 class Ours(Policy):
     name = "cache_aware"
+    pending_ttl = 2.0  # the server default (--dp-routing-pending-ttl)
 
     def __init__(self, ranks, chunk=256, max_extra=16):
         from sglang.srt.managers.cache_aware_router import CacheAwareRouter
@@ -238,6 +246,7 @@ class Ours(Policy):
             self.dp,
             max_extra_reqs=max_extra,
             digest_max_age=5.0,
+            pending_ttl=self.pending_ttl,
             clock=lambda: self.now,
         )
         self.trackers = [PrefixDigestTracker(PAGE, chunk) for _ in ranks]
@@ -255,31 +264,38 @@ class Ours(Policy):
         if now - self.last_publish >= PUBLISH_S:
             self.last_publish = now
             for i, (rank, tracker) in enumerate(zip(self.ranks, self.trackers)):
+                t0 = time.perf_counter()  # the rank's side: build and encode
                 gpu, host = tracker.build()
                 self.seq[i] += 1
-                self.router.update_digest(
-                    CacheDigest(
-                        dp_rank=i,
-                        epoch=1,
-                        seq=self.seq[i],
-                        page_size=PAGE,
-                        chunk_size=self.chunk,
-                        timestamp=now,
-                        available_tokens=rank.tree.allocator.available_size()
-                        + rank.tree.cache.evictable_size(),
-                        gpu_hashes=gpu,
-                        host_hashes=host,
-                    )
-                )
+                payload = CacheDigest(
+                    dp_rank=i,
+                    epoch=1,
+                    seq=self.seq[i],
+                    page_size=PAGE,
+                    chunk_size=self.chunk,
+                    timestamp=now,
+                    available_tokens=rank.tree.allocator.available_size()
+                    + rank.tree.cache.evictable_size(),
+                    capacity_tokens=rank.kv_tokens,
+                    gpu_hashes=gpu,
+                    host_hashes=host,
+                ).encode()
+                self.rank_side_s += time.perf_counter() - t0
+                self.router.update_digest(CacheDigest.decode(payload))
         rank, _ = self.router.select(
             _ReqView(req.prompt), self.budget, list(range(self.dp))
         )
         return rank
 
 
+class OursNoPending(Ours):
+    name = "cache_aware_ttl0"
+    pending_ttl = 0.0
+
+
 class _ReqView:
     def __init__(self, prompt):
-        self.input_ids = array("q", prompt)
+        self.input_ids = prompt  # a list, as in TokenizedGenerateReqInput
         self.input_embeds = self.mm_inputs = self.session_params = None
         self.extra_key = self.lora_id = self.lora_name = self.cache_salt = None
 
@@ -379,7 +395,7 @@ class Dynamo(Policy):
         return best
 
 
-POLICIES = [RoundRobin, TotalRequests, TotalTokens, Ours, SMG, Dynamo]
+POLICIES = [RoundRobin, TotalRequests, TotalTokens, Ours, OursNoPending, SMG, Dynamo]
 
 
 # ---------------------------------------------------------------------------
@@ -424,9 +440,11 @@ def simulate(policy_cls, trace, dp, kv_tokens, host_ratio):
     for req in trace:
         now = req.arrival
         policy.refresh(now)
+        rank_side = policy.rank_side_s
         t0 = time.perf_counter()
         rank = policy.choose(req, now)
-        res.controller_s += time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0
+        res.controller_s += elapsed - (policy.rank_side_s - rank_side)
         gpu, host, uncached, ttft = ranks[rank].serve(req, now)
         events = ranks[rank].tree.cache.take_events()
         res.evicted += PAGE * sum(

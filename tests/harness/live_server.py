@@ -68,11 +68,17 @@ class LiveServer:
         if tree == "upstream":
             from harness.compare import upstream_tree
 
-            child_env["PYTHONPATH"] = os.pathsep.join(
-                p for p in (str(upstream_tree()), child_env.get("PYTHONPATH")) if p
-            )
-        elif tree != "patched":
+            tree_path = str(upstream_tree())
+        elif tree == "patched":
+            tree_path = None
+        elif (Path(tree) / "sglang" / "__init__.py").is_file():
+            tree_path = tree  # another sglang tree (a benchmark's baseline)
+        else:
             raise ValueError(f"unknown tree {tree!r}")
+        if tree_path:
+            child_env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (tree_path, child_env.get("PYTHONPATH")) if p
+            )
         child_env.update(env or {})
         # popen_launch_server adds --model-path/--host/--port itself.
         other = cpu_server.cpu_args(self.extra_args)

@@ -102,11 +102,15 @@ def run_conversations(
     max_new_tokens: int = 8,
     stream: bool = False,
 ):
-    """Returns ``records[c][t]`` = dict(prompt, cached, host, rank, latency);
-    with ``stream=True`` also ``ttft`` and ``ids_mode`` (``stream_generate``)."""
+    """Returns ``records[c][t]`` = dict(prompt, cached, host, rank, latency,
+    oracle); with ``stream=True`` also ``ttft`` and ``ids_mode``
+    (``stream_generate``).  ``oracle`` is what a rank that kept the whole
+    conversation would have cached: the previous turn's prompt and output
+    (its last output token never has KV), 0 on the first turn."""
     rng = random.Random(seed + 1)
     prompts = conversations(n, seed, first)
     records = [[] for _ in range(n)]
+    oracle = [0] * n
 
     def send(c):
         payload = {"input_ids": prompts[c], "sampling_params": greedy(max_new_tokens)}
@@ -132,13 +136,79 @@ def run_conversations(
                         host=details.get("host", 0),
                         rank=meta["dp_rank"],
                         latency=latency,
+                        oracle=oracle[c],
                     )
                 )
                 if stream:
                     records[c][-1].update(ttft=r["ttft"], ids_mode=r["ids_mode"])
                 new = [rng.choice(VOCAB) for _ in range(new_tokens)]
+                oracle[c] = len(prompts[c]) + len(r["output_ids"]) - 1
                 prompts[c] = prompts[c] + r["output_ids"] + new
             time.sleep(think_s)
+    return records
+
+
+def run_bursts(
+    server,
+    bursts: int,
+    size: int,
+    seed: int,
+    *,
+    prompt_tokens: int = 400,
+    question_tokens: int = 30,
+    think_s: float = 0.5,
+    max_new_tokens: int = 8,
+    stream: bool = False,
+):
+    """Bursts of ``size`` requests sent at once that share a new system prompt
+    of ``prompt_tokens`` (each with its own question).  Returns
+    ``records[b][i]`` like ``run_conversations``; ``oracle`` is the shared
+    prompt for every request of a burst but its first."""
+    import threading
+
+    rng = random.Random(seed)
+    records = []
+    for _ in range(bursts):
+        system = [rng.choice(VOCAB) for _ in range(prompt_tokens)]
+        prompts = [
+            system + [rng.choice(VOCAB) for _ in range(question_tokens)]
+            for _ in range(size)
+        ]
+        start = threading.Barrier(size)
+
+        def send(i):
+            payload = {
+                "input_ids": prompts[i],
+                "sampling_params": greedy(max_new_tokens),
+            }
+            start.wait()
+            t0 = time.perf_counter()
+            if stream:
+                r, ttft, mode = stream_generate(server, payload)
+                r.update(ttft=ttft, ids_mode=mode)
+            else:
+                r = server.generate(payload)
+            return i, r, time.perf_counter() - t0
+
+        burst = []
+        with ThreadPoolExecutor(size) as pool:
+            for i, r, latency in pool.map(send, range(size)):
+                meta = r["meta_info"]
+                details = meta.get("cached_tokens_details") or {}
+                burst.append(
+                    dict(
+                        prompt=len(prompts[i]),
+                        cached=meta["cached_tokens"],
+                        host=details.get("host", 0),
+                        rank=meta["dp_rank"],
+                        latency=latency,
+                        oracle=prompt_tokens if i else 0,
+                    )
+                )
+                if stream:
+                    burst[-1].update(ttft=r["ttft"], ids_mode=r["ids_mode"])
+        records.append(burst)
+        time.sleep(think_s)
     return records
 
 

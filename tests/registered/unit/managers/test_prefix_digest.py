@@ -85,6 +85,44 @@ class TestDigestHashes(unittest.TestCase):
                     self.assertEqual(lazy, eager)
         self.assertEqual(list(iter_request_chunk_hashes([1, 2, 3], 4, 8, ns)), [])
 
+    def test_chunk_hash_cache_changes_no_hash(self):
+        # Shared and extended prefixes (a conversation's turns), namespaces
+        # and geometries through one small cache (evicting as it goes) give
+        # the uncached hashes; a hit skips the SHA-256 of the chunk's pages.
+        from unittest import mock
+
+        from sglang.srt.managers import prefix_digest as pd
+
+        rng = random.Random(5)
+        cache = pd.ChunkHashCache(max_entries=40)
+        prev = []
+        for trial in range(120):
+            toks = [rng.randrange(1, 150000) for _ in range(rng.randrange(0, 900))]
+            if trial % 2:
+                toks = prev[: rng.randrange(len(prev) + 1)] + toks[:100]
+            if trial % 9 == 0 and toks:
+                toks[rng.randrange(len(toks))] = 2**33
+            prev = toks
+            ns = pd.RequestNamespace(
+                cache_salt=rng.choice([None, "s"]),
+                lora_extra_key=rng.choice([None, "a" * 32]),
+            )
+            page = rng.choice([1, 4, 16])
+            chunk = page * rng.choice([1, 4, 16])
+            plain = list(pd.iter_request_chunk_hashes(toks, page, chunk, ns))
+            for _ in range(2):
+                cached = list(
+                    pd.iter_request_chunk_hashes(toks, page, chunk, ns, cache)
+                )
+                self.assertEqual(cached, plain, trial)
+        self.assertLessEqual(len(cache.entries), 40)
+        toks = [rng.randrange(1, 150000) for _ in range(64)]
+        ns = pd.RequestNamespace()
+        list(pd.iter_request_chunk_hashes(toks, 4, 16, ns, cache))
+        with mock.patch.object(pd.hashlib, "sha256", side_effect=AssertionError):
+            hit = list(pd.iter_request_chunk_hashes(toks, 4, 16, ns, cache))
+        self.assertEqual(hit, list(pd.iter_request_chunk_hashes(toks, 4, 16, ns)))
+
     def test_lora_namespace_matches_events(self):
         from sglang.srt.managers.prefix_digest import (
             RequestNamespace,
