@@ -89,6 +89,34 @@ def stream_generate(
     return final, ttft, mode
 
 
+def _generate(server, input_ids, max_new_tokens, stream):
+    """One greedy ``/generate`` (streamed with ``stream``): ``(result, latency)``."""
+    payload = {"input_ids": input_ids, "sampling_params": greedy(max_new_tokens)}
+    start = time.perf_counter()
+    if stream:
+        r, ttft, mode = stream_generate(server, payload)
+        r.update(ttft=ttft, ids_mode=mode)
+    else:
+        r = server.generate(payload)
+    return r, time.perf_counter() - start
+
+
+def _record(r, prompt: int, latency: float, oracle: int) -> dict:
+    meta = r["meta_info"]
+    details = meta.get("cached_tokens_details") or {}
+    record = dict(
+        prompt=prompt,
+        cached=meta["cached_tokens"],
+        host=details.get("host", 0),
+        rank=meta["dp_rank"],
+        latency=latency,
+        oracle=oracle,
+    )
+    if "ttft" in r:
+        record.update(ttft=r["ttft"], ids_mode=r["ids_mode"])
+    return record
+
+
 def run_conversations(
     server,
     n: int,
@@ -113,34 +141,14 @@ def run_conversations(
     oracle = [0] * n
 
     def send(c):
-        payload = {"input_ids": prompts[c], "sampling_params": greedy(max_new_tokens)}
-        start = time.perf_counter()
-        if stream:
-            r, ttft, mode = stream_generate(server, payload)
-            r.update(ttft=ttft, ids_mode=mode)
-        else:
-            r = server.generate(payload)
-        return c, r, time.perf_counter() - start
+        return (c, *_generate(server, prompts[c], max_new_tokens, stream))
 
     with ThreadPoolExecutor(clients) as pool:
         for _ in range(turns):
             order = list(range(n))
             rng.shuffle(order)
             for c, r, latency in pool.map(send, order):
-                meta = r["meta_info"]
-                details = meta.get("cached_tokens_details") or {}
-                records[c].append(
-                    dict(
-                        prompt=len(prompts[c]),
-                        cached=meta["cached_tokens"],
-                        host=details.get("host", 0),
-                        rank=meta["dp_rank"],
-                        latency=latency,
-                        oracle=oracle[c],
-                    )
-                )
-                if stream:
-                    records[c][-1].update(ttft=r["ttft"], ids_mode=r["ids_mode"])
+                records[c].append(_record(r, len(prompts[c]), latency, oracle[c]))
                 new = [rng.choice(VOCAB) for _ in range(new_tokens)]
                 oracle[c] = len(prompts[c]) + len(r["output_ids"]) - 1
                 prompts[c] = prompts[c] + r["output_ids"] + new
@@ -177,36 +185,14 @@ def run_bursts(
         start = threading.Barrier(size)
 
         def send(i):
-            payload = {
-                "input_ids": prompts[i],
-                "sampling_params": greedy(max_new_tokens),
-            }
             start.wait()
-            t0 = time.perf_counter()
-            if stream:
-                r, ttft, mode = stream_generate(server, payload)
-                r.update(ttft=ttft, ids_mode=mode)
-            else:
-                r = server.generate(payload)
-            return i, r, time.perf_counter() - t0
+            return (i, *_generate(server, prompts[i], max_new_tokens, stream))
 
         burst = []
         with ThreadPoolExecutor(size) as pool:
             for i, r, latency in pool.map(send, range(size)):
-                meta = r["meta_info"]
-                details = meta.get("cached_tokens_details") or {}
-                burst.append(
-                    dict(
-                        prompt=len(prompts[i]),
-                        cached=meta["cached_tokens"],
-                        host=details.get("host", 0),
-                        rank=meta["dp_rank"],
-                        latency=latency,
-                        oracle=prompt_tokens if i else 0,
-                    )
-                )
-                if stream:
-                    burst[-1].update(ttft=r["ttft"], ids_mode=r["ids_mode"])
+                oracle = prompt_tokens if i else 0
+                burst.append(_record(r, len(prompts[i]), latency, oracle))
         records.append(burst)
         time.sleep(think_s)
     return records

@@ -394,24 +394,34 @@ class _DigestSender:
         return False
 
 
-def cache_aware_cases(rank, world_size):
-    """Crafted loads and digests through the real controller dispatch path.
+# DP ranks, page size, digest chunk size, --dp-routing-max-extra-reqs of the
+# crafted-digest scenarios.
+CRAFTED = (4, 4, 8, 2)
 
-    Returns ``{case: (landed_rank, how)}``; ``how`` is the router counter the
-    dispatch incremented."""
-    dp, page, chunk, max_extra = 4, 4, 8, 2
+
+def _crafted_controller(max_age, pending_ttl):
+    dp, page, chunk, max_extra = CRAFTED
     handle = start_controller(
         dp,
         load_balance_method="cache_aware",
         page_size=page,
         dp_routing_digest_chunk_size=chunk,
         dp_routing_max_extra_reqs=max_extra,
-        dp_routing_digest_max_age=3.0,
-        # Crafted digests alone decide here (pending_cases covers pending).
-        dp_routing_pending_ttl=0.0,
+        dp_routing_digest_max_age=max_age,
+        dp_routing_pending_ttl=pending_ttl,
     )
     sender = _DigestSender(handle, page, chunk)
-    router = handle.controller.cache_aware_router
+    return handle, sender, handle.controller.cache_aware_router
+
+
+def cache_aware_cases(rank, world_size):
+    """Crafted loads and digests through the real controller dispatch path.
+
+    Returns ``{case: (landed_rank, how)}``; ``how`` is the router counter the
+    dispatch incremented."""
+    # Crafted digests alone decide here (pending_cases covers pending).
+    dp, page, chunk, max_extra = CRAFTED
+    handle, sender, router = _crafted_controller(max_age=3.0, pending_ttl=0.0)
     out = {}
     n = [0]
 
@@ -586,18 +596,8 @@ def pending_cases(rank, world_size, ttl=1.0):
     """Pending prefixes through the real controller: a burst sharing a new
     prefix, confirmation by a digest, expiry after the TTL, a restart.
     Returns ``(landed_rank, how)`` per request and pending sizes per rank."""
-    dp, page, chunk, max_extra = 4, 4, 8, 2
-    handle = start_controller(
-        dp,
-        load_balance_method="cache_aware",
-        page_size=page,
-        dp_routing_digest_chunk_size=chunk,
-        dp_routing_max_extra_reqs=max_extra,
-        dp_routing_digest_max_age=30.0,
-        dp_routing_pending_ttl=ttl,
-    )
-    sender = _DigestSender(handle, page, chunk)
-    router = handle.controller.cache_aware_router
+    dp, page, chunk, max_extra = CRAFTED
+    handle, sender, router = _crafted_controller(max_age=30.0, pending_ttl=ttl)
     out = {}
 
     def go(rid, tokens, refresh=True):
