@@ -17,8 +17,8 @@ as released before a change.  Modes:
 
 * ``shuffled``: one client, each turn's conversations in a shuffled order;
 * ``concurrent``: the same with 4 concurrent clients;
-* ``burst``: bursts of 6 requests sent at once that share a new 400-token
-  system prompt (each with its own question);
+* ``burst``: bursts of 6 requests, sent 30 ms apart, that share a new
+  400-token system prompt (each with its own question);
 * ``small_pool``: 4 concurrent clients on a server with
   ``--max-total-tokens 1536`` and HiCache (direct io, page_first_direct,
   ratio 4), so device prefixes are evicted to the host tier.
@@ -70,7 +70,7 @@ DP = ["--dp-size", "2"]
 SMALL_POOL = ["--max-total-tokens", "1536", *HICACHE_ARGS, "--hicache-ratio", "4"]
 CLIENTS = {"shuffled": 1, "concurrent": 4, "small_pool": 4}
 SEED_OFFSET = {"shuffled": 0, "concurrent": 1000, "burst": 3000, "small_pool": 2000}
-BURST = dict(size=6, prompt_tokens=400, question_tokens=30)
+BURST = dict(size=6, prompt_tokens=400, question_tokens=30, stagger_s=0.03)
 # Server groups: one start each, serving these modes in this order.
 GROUPS = [
     ("default", [], ["shuffled", "concurrent", "burst"]),
@@ -250,6 +250,9 @@ def main():
     ap.add_argument("--think-s", type=float, default=0.5)
     ap.add_argument("--policies", nargs="+", default=POLICIES, choices=POLICIES)
     ap.add_argument(
+        "--modes", nargs="+", default=MODES, choices=MODES, help="modes to run"
+    )
+    ap.add_argument(
         "--baseline-rev",
         default=None,
         help="also run cache_aware from the series at this git revision",
@@ -274,6 +277,9 @@ def main():
     try:
         for policy, tree in policies:
             for group, extra, modes in GROUPS:
+                modes = [m for m in modes if m in args.modes]
+                if not modes:
+                    continue
                 try:
                     group_runs, info = serve_group(
                         policy, group, extra, modes, work, args.seed, tree
@@ -308,6 +314,7 @@ def main():
             "clients": CLIENTS,
             "dp_size": 2,
             "policies": [p for p, _ in policies],
+            "modes": args.modes,
             "burst": BURST,
             "small_pool_args": SMALL_POOL,
             "stream": True,

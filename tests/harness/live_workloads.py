@@ -164,14 +164,17 @@ def run_bursts(
     *,
     prompt_tokens: int = 400,
     question_tokens: int = 30,
+    stagger_s: float = 0.03,
     think_s: float = 0.5,
     max_new_tokens: int = 8,
     stream: bool = False,
 ):
-    """Bursts of ``size`` requests sent at once that share a new system prompt
-    of ``prompt_tokens`` (each with its own question).  Returns
-    ``records[b][i]`` like ``run_conversations``; ``oracle`` is the shared
-    prompt for every request of a burst but its first."""
+    """Bursts of ``size`` requests that share a new system prompt of
+    ``prompt_tokens`` (each with its own question), the i-th sent
+    ``i * stagger_s`` after the first (0: all at once, so none can reuse
+    another's prefill).  Returns ``records[b][i]`` like ``run_conversations``;
+    ``oracle`` is the shared prompt for every request of a burst but its
+    first."""
     import threading
 
     rng = random.Random(seed)
@@ -186,6 +189,7 @@ def run_bursts(
 
         def send(i):
             start.wait()
+            time.sleep(i * stagger_s)
             return (i, *_generate(server, prompts[i], max_new_tokens, stream))
 
         burst = []
