@@ -180,7 +180,11 @@ def serve_group(policy, group, extra, modes, work, seed, tree="patched"):
         "start_s": time.perf_counter() - t0,
         "logdir": server.logdir.name,
         # The wheel can be reinstalled under a long run: record what served.
-        "sglang": importlib.metadata.version("sglang") if tree == "patched" else tree,
+        "sglang": (
+            importlib.metadata.version("sglang")
+            if tree == "patched"
+            else f"series at {policy.split('@', 1)[1]} on the pinned wheel"
+        ),
     }
     print(f"[{name}] up in {info['start_s']:.0f} s", flush=True)
     runs = []
@@ -374,7 +378,10 @@ def _print(runs, servers, series):
             f"  {s['policy']:<21}{s['group']:<11}{s['start_s']:>6.0f} s"
             f"{s['log_errors']['count']:>6}  sglang {s['sglang']}"
         )
-    if len({s["sglang"] for s in servers if "sglang" in s} | {series}) > 1:
+    installed = {
+        s["sglang"] for s in servers if "@" not in s["policy"] and "sglang" in s
+    }
+    if len(installed | {series}) > 1:
         print("  WARNING: the installed sglang changed during the run")
 
 
