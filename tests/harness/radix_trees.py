@@ -33,6 +33,7 @@ def build_tree(
     kv_size: int = 4096,
     lora_names: Optional[dict] = None,
     publish_server_args: bool = True,
+    record_extra_keys: bool = True,
 ) -> Tree:
     from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -69,6 +70,8 @@ def build_tree(
     names = KvEventLoraNames()
     for extra_key, name in (lora_names or {}).items():
         names._names[extra_key] = name
+    # As the scheduler sets it when it publishes prefix digests.
+    names.record_extra_keys = record_extra_keys
     params = CacheInitParams(
         disable=False,
         req_to_token_pool=req_to_token_pool,

@@ -12,12 +12,13 @@ Prometheus series are on the server's ``/metrics``.
 """
 
 import re
+import time
 import unittest
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from harness.live_server import HICACHE_ARGS, LiveServer, assert_all_gone
-from harness.live_workloads import hit_rate, run_conversations
+from harness.live_server import HICACHE_ARGS, LiveServer, assert_all_gone, greedy
+from harness.live_workloads import conversations, hit_rate, run_conversations
 
 register_cpu_ci(est_time=420, suite="stage-a-test-cpu")
 
@@ -34,9 +35,38 @@ def scrape(text: str, name: str) -> dict:
     return out
 
 
+def outcomes(server) -> dict:
+    return {
+        dict(k)["outcome"]: v
+        for k, v in scrape(
+            server.get("/metrics").text, "sglang:dp_routing_requests_total"
+        ).items()
+    }
+
+
+def namespace_probe(server) -> dict:
+    """One prompt under extra_key tenant-a, then tenant-b, then tenant-a
+    again; returns each request's routing outcome (from the /metrics delta),
+    rank and cached tokens."""
+    prompt = conversations(1, seed=99, first=300)[0]
+    out = {}
+    for step, key in enumerate(("tenant-a", "tenant-b", "tenant-a")):
+        before = outcomes(server)
+        r = server.generate(
+            {"input_ids": prompt, "extra_key": key, "sampling_params": greedy(4)}
+        )
+        after = outcomes(server)
+        how = [k for k in after if after[k] != before.get(k, 0)]
+        meta = r["meta_info"]
+        out[f"{step}:{key}"] = (how, meta["dp_rank"], meta["cached_tokens"])
+        time.sleep(1.0)  # the chosen rank's digest shows the prompt
+    return out
+
+
 class TestCacheAwareRoutingServer(unittest.TestCase):
     runs: dict = {}
     metrics: dict = {}
+    namespaces: dict = {}
 
     @classmethod
     def _serve(cls, name, extra, sequential=None, **work):
@@ -48,6 +78,7 @@ class TestCacheAwareRoutingServer(unittest.TestCase):
                     server, clients=1, **sequential
                 )
             if "--enable-metrics" in extra:
+                cls.namespaces = namespace_probe(server)
                 cls.metrics[name] = server.get("/metrics").text
         except Exception as exc:
             raise RuntimeError(f"{name}: {exc}\n{server.log_tail()}") from exc
@@ -97,19 +128,20 @@ class TestCacheAwareRoutingServer(unittest.TestCase):
 
     def test_router_metrics_on_the_metrics_endpoint(self):
         text = self.metrics["cache_aware"]
-        outcomes = {
+        routed = {
             dict(k)["outcome"]: v
             for k, v in scrape(text, "sglang:dp_routing_requests_total").items()
         }
-        requests = sum(
+        requests = len(self.namespaces) + sum(
             len(conv)
             for key in ("cache_aware", "cache_aware_sequential")
             for conv in self.runs[key]
         )
-        # Every request of both workloads counted once (health checks bypass
-        # the router; warmup is skipped); later turns routed by their match.
-        self.assertEqual(sum(outcomes.values()), requests, outcomes)
-        self.assertGreaterEqual(outcomes.get("match", 0), requests // 2, outcomes)
+        # Every request of both workloads and the namespace probe counted
+        # once (health checks bypass the router; warmup is skipped); later
+        # turns routed by their match.
+        self.assertEqual(sum(routed.values()), requests, routed)
+        self.assertGreaterEqual(routed.get("match", 0), requests // 2, routed)
         tokens = {
             dict(k)["tier"]: v
             for k, v in scrape(text, "sglang:dp_routing_matched_tokens_total").items()
@@ -121,6 +153,19 @@ class TestCacheAwareRoutingServer(unittest.TestCase):
         }
         self.assertEqual(set(ages), {"0", "1"}, ages)
         self.assertTrue(all(0 <= a < 5.0 for a in ages.values()), ages)
+
+    def test_extra_key_namespaces_do_not_match_each_other(self):
+        # Same prompt, another extra_key: the tree would not serve it from
+        # tenant-a's prefix, and the router does not count it as a match.
+        (a0_how, a0_rank, _), (b_how, _, b_cached), (a1_how, a1_rank, a1_cached) = (
+            self.namespaces.values()
+        )
+        self.assertEqual(a0_how, ["miss"], self.namespaces)
+        self.assertEqual(b_how, ["miss"], self.namespaces)
+        self.assertEqual(b_cached, 0, self.namespaces)
+        self.assertEqual(a1_how, ["match"], self.namespaces)
+        self.assertEqual(a1_rank, a0_rank, self.namespaces)
+        self.assertGreaterEqual(a1_cached, 296, self.namespaces)
 
     def test_round_robin_hits_less(self):
         ca, rr = hit_rate(self.runs["cache_aware"]), hit_rate(self.runs["round_robin"])

@@ -11,6 +11,7 @@ HiCache host tier and host eviction; the oracle is the tree's own
 import random
 import unittest
 
+import msgspec
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.radix_trees import build_tree, enable_hicache, evict, insert, match
@@ -105,7 +106,7 @@ class TestDigestHashes(unittest.TestCase):
             prev = toks
             ns = pd.RequestNamespace(
                 cache_salt=rng.choice([None, "s"]),
-                lora_extra_key=rng.choice([None, "a" * 32]),
+                extra_key=rng.choice([None, "a" * 32]),
             )
             page = rng.choice([1, 4, 16])
             chunk = page * rng.choice([1, 4, 16])
@@ -222,6 +223,62 @@ class TestDigestTracker(unittest.TestCase):
                     ).total_len,
                     0,
                 )
+
+    def test_plain_extra_keys_do_not_share_hashes(self):
+        # The same tokens under two plain extra_keys (no LoRA name), none, and
+        # an unnamed LoRA: four namespaces whose event hashes collide, kept
+        # apart in the digest through the extra_key the events carry; a
+        # removal leaves the other namespaces' prefixes in place.
+        from sglang.srt.disaggregation.kv_events import BlockStored
+        from sglang.srt.managers.prefix_digest import PrefixDigestTracker
+
+        lora_id = "0123456789abcdef0123456789abcdef"
+        tokens = list(range(500, 540))
+        for backend in BACKENDS:
+            with self.subTest(backend=backend):
+                tree = build_tree(4, backend)
+                tree.cache.take_events()
+                tracker = PrefixDigestTracker(page_size=4, chunk_size=8)
+                insert(tree, tokens, extra_key="tenant-a")
+                insert(tree, tokens, extra_key=lora_id)
+                events = tree.cache.take_events()
+                stored = [e for e in events if isinstance(e, BlockStored)]
+                self.assertEqual({e.extra_key for e in stored}, {"tenant-a", lora_id})
+                tracker.apply(events)
+                est = self._estimate
+                self.assertEqual(
+                    est(tracker, tokens, 4, 8, extra_key="tenant-a").total_len, 40
+                )
+                self.assertEqual(
+                    est(tracker, tokens, 4, 8, extra_key="tenant-b").total_len, 0
+                )
+                self.assertEqual(est(tracker, tokens, 4, 8).total_len, 0)
+                self.assertEqual(
+                    est(tracker, tokens, 4, 8, lora_id=lora_id).total_len, 40
+                )
+                insert(tree, tokens)  # no namespace
+                tracker.apply(tree.cache.take_events())
+                self.assertEqual(est(tracker, tokens, 4, 8).total_len, 40)
+                # Evict everything: every namespace's removal lands on its own.
+                evict(tree, 10**6)
+                tracker.apply(tree.cache.take_events())
+                self.assertEqual(tracker.build(), (b"", b""))
+
+    def test_events_carry_no_extra_key_unless_routing_asks(self):
+        # Flag off: the events are upstream's (extra_key absent from the wire).
+        from sglang.srt.disaggregation.kv_events import BlockStored
+
+        for backend in BACKENDS:
+            with self.subTest(backend=backend):
+                tree = build_tree(4, backend, record_extra_keys=False)
+                tree.cache.take_events()
+                insert(tree, list(range(600, 640)), extra_key="tenant-a")
+                stored = [
+                    e for e in tree.cache.take_events() if isinstance(e, BlockStored)
+                ]
+                self.assertTrue(stored)
+                self.assertEqual({e.extra_key for e in stored}, {None})
+                self.assertNotIn(b"extra_key", msgspec.msgpack.encode(stored[0]))
 
     def test_follows_inserts_and_eviction_like_the_tree(self):
         from sglang.srt.managers.prefix_digest import PrefixDigestTracker
