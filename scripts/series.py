@@ -211,6 +211,12 @@ def _copy_pristine(pristine: Path, dest: Path) -> None:
 def init_tree(pristine: Path, wheel_name: str, dest: Path) -> None:
     _copy_pristine(pristine, dest)
     git(dest, "init", "-q", "-b", "main")
+    # The tree's own config, not only this tool's git calls: a user's commit
+    # or rebase in build/src must not start a background `git gc --auto`
+    # (thousands of loose objects after the upstream commit), which has lost
+    # the upstream tag and raced the next apply's removal of the tree.
+    git(dest, "config", "gc.auto", "0")
+    git(dest, "config", "maintenance.auto", "false")
     git(dest, "add", "-A")
     git(
         dest,

@@ -67,6 +67,24 @@ def test_apply_then_refresh_is_byte_identical(sandbox):
     assert before == snapshot(ROOT / "patches")
 
 
+def test_applied_tree_never_starts_git_gc_on_its_own(sandbox):
+    # A user's own git commands in build/src read the tree's config.
+    tmp, env = sandbox
+    assert apply(env).returncode == 0
+    src = tmp / "build" / "src"
+    local = ["git", "-C", str(src), "config", "--local", "--get"]
+    assert (
+        subprocess.run(local + ["gc.auto"], capture_output=True, text=True).stdout
+        == "0\n"
+    )
+    assert (
+        subprocess.run(
+            local + ["maintenance.auto"], capture_output=True, text=True
+        ).stdout
+        == "false\n"
+    )
+
+
 def _add_commit(src: Path, rel: str, old: str, new: str, subject: str) -> None:
     path = src / rel
     text = path.read_text()
