@@ -1,4 +1,4 @@
-"""Live DP routing policies on a real DP=2 server (CPU, tiny local model).
+"""Live DP routing policies on a real DP=2 (``--dp N``) server (CPU, tiny model).
 
 Unlike ``bench_routing.py`` (a simulation over real radix trees) this starts
 the patched wheel's ``sglang serve`` (``harness.live_server.LiveServer``: the
@@ -18,15 +18,18 @@ as released before a change.  Modes:
 * ``shuffled``: one client, each turn's conversations in a shuffled order;
 * ``concurrent``: the same with 4 concurrent clients;
 * ``burst``: bursts of 6 requests, sent 30 ms apart, that share a new
-  400-token system prompt (each with its own question);
+  400-token system prompt (each with its own question), on a server with
+  ``--disable-overlap-schedule`` (with the overlap scheduler the batch after
+  the first request's prefill is formed before that prefill's KV is in the
+  tree, so no request of a burst can reuse another's on any rank);
 * ``small_pool``: 4 concurrent clients on a server with
   ``--max-total-tokens 1536`` and HiCache (direct io, page_first_direct,
   ratio 4), so device prefixes are evicted to the host tier.
 
-One server per policy serves ``shuffled``, ``concurrent`` and ``burst``
-(different seeds: no shared prefixes), one small-pool server per policy serves
-``small_pool``: two DP=2 starts per policy, one at a time, each stopped with
-its process tree.
+Each policy gets three server starts (one per group: ``shuffled`` and
+``concurrent``; ``burst``; ``small_pool``; different seeds, no shared
+prefixes), one at a time, each stopped with its process tree.
+``--server-args`` adds arguments to every start, ``--dp`` sets the DP size.
 
 Reported per policy and mode: hit rate (cached / prompt tokens), the sticky
 oracle's hit rate (a rank that kept each conversation or burst prefix whole:
@@ -49,6 +52,7 @@ import importlib.metadata
 import json
 import os
 import re
+import shlex
 import shutil
 import sys
 import time
@@ -66,14 +70,17 @@ from harness.live_workloads import run_bursts, run_conversations  # noqa: E402
 
 POLICIES = ["round_robin", "total_requests", "cache_aware"]
 MODES = ["shuffled", "concurrent", "burst", "small_pool"]
-DP = ["--dp-size", "2"]
 SMALL_POOL = ["--max-total-tokens", "1536", *HICACHE_ARGS, "--hicache-ratio", "4"]
 CLIENTS = {"shuffled": 1, "concurrent": 4, "small_pool": 4}
 SEED_OFFSET = {"shuffled": 0, "concurrent": 1000, "burst": 3000, "small_pool": 2000}
 BURST = dict(size=6, prompt_tokens=400, question_tokens=30, stagger_s=0.03)
 # Server groups: one start each, serving these modes in this order.
+# Bursts run without the overlap scheduler: with it, the batch after the first
+# request's prefill is formed before that prefill's KV is checkpointed into
+# the tree, so the rest of a burst cannot reuse it on any rank.
 GROUPS = [
-    ("default", [], ["shuffled", "concurrent", "burst"]),
+    ("default", [], ["shuffled", "concurrent"]),
+    ("burst", ["--disable-overlap-schedule"], ["burst"]),
     ("small_pool", SMALL_POOL, ["small_pool"]),
 ]
 ERROR_RE = re.compile(r"Traceback|\bERROR\b|Exception|exception")
@@ -165,11 +172,11 @@ def series_tree(rev: str) -> Path:
     return tree
 
 
-def serve_group(policy, group, extra, modes, work, seed, tree="patched"):
+def serve_group(policy, group, extra, modes, work, seed, tree="patched", dp=2):
     """One server start for ``policy``: every mode of the group, then stop."""
     name = f"{policy}-{group}"
     method = policy.split("@", 1)[0]
-    args = DP + ["--load-balance-method", method] + extra
+    args = ["--dp-size", str(dp), "--load-balance-method", method] + extra
     t0 = time.perf_counter()
     print(f"[{name}] starting: {' '.join(args)}", flush=True)
     server = LiveServer(tree, args, name=name)
@@ -215,7 +222,7 @@ def serve_group(policy, group, extra, modes, work, seed, tree="patched"):
                     f"{name}/{mode}: {exc}\n{server.log_tail()}"
                 ) from exc
             wall = time.perf_counter() - t1
-            summary = summarize(records)
+            summary = summarize(records, dp)
             summary["wall_s"] = wall
             print(
                 f"[{name}] {mode}: {wall:.0f} s, hit rate {summary['hit_rate']:.3f}",
@@ -256,6 +263,13 @@ def main():
     ap.add_argument(
         "--modes", nargs="+", default=MODES, choices=MODES, help="modes to run"
     )
+    ap.add_argument("--dp", type=int, default=2, help="DP size of every server")
+    ap.add_argument(
+        "--server-args",
+        default="",
+        help="extra server arguments for every start, e.g. "
+        "'--schedule-policy lpm' (in-batch prefix caching for bursts)",
+    )
     ap.add_argument(
         "--baseline-rev",
         default=None,
@@ -286,7 +300,14 @@ def main():
                     continue
                 try:
                     group_runs, info = serve_group(
-                        policy, group, extra, modes, work, args.seed, tree
+                        policy,
+                        group,
+                        extra + shlex.split(args.server_args),
+                        modes,
+                        work,
+                        args.seed,
+                        tree,
+                        args.dp,
                     )
                 except Exception as exc:  # keep the other groups' results
                     print(f"[{policy}-{group}] FAILED: {exc}", flush=True)
@@ -303,7 +324,7 @@ def main():
             if tree != "patched":
                 shutil.rmtree(Path(tree).parent, ignore_errors=True)
     add_ratios(runs)
-    _print(runs, servers, series)
+    _print(runs, servers, series, args.dp)
 
     os.makedirs(args.out, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -314,9 +335,10 @@ def main():
         "params": {
             **work,
             "seed": args.seed,
+            "server_args": args.server_args,
             "seed_offsets": SEED_OFFSET,
             "clients": CLIENTS,
-            "dp_size": 2,
+            "dp_size": args.dp,
             "policies": [p for p, _ in policies],
             "modes": args.modes,
             "burst": BURST,
@@ -331,7 +353,7 @@ def main():
     path = Path(args.out) / f"bench_live_routing_{tag}_{stamp}.json"
     path.write_text(json.dumps(meta, indent=2))
     png = path.with_suffix(".png")
-    _plot(runs, [p for p, _ in policies], png, series)
+    _plot(runs, [p for p, _ in policies], png, series, args.dp)
     shown = [p.relative_to(ROOT) if p.is_relative_to(ROOT) else p for p in (path, png)]
     print(f"\nwrote {shown[0]} and {shown[1]}")
     failed = [f"{s['policy']}-{s['group']}" for s in servers if "error" in s]
@@ -344,8 +366,8 @@ def _fmt(x, spec, none="-"):
     return format(x, spec) if x is not None else format(none, spec.split(".")[0] + "s")
 
 
-def _print(runs, servers, series):
-    print(f"\nlive DP=2 routing, sglang {series}")
+def _print(runs, servers, series, dp):
+    print(f"\nlive DP={dp} routing, sglang {series}")
     head = (
         f"{'mode':<11}{'policy':<21}{'reqs':>5}{'hit rate':>9}{'vs rr':>7}"
         f"{'oracle':>7}{'/orcl':>6}"
@@ -385,7 +407,7 @@ def _print(runs, servers, series):
         print("  WARNING: the installed sglang changed during the run")
 
 
-def _plot(runs, policies, png, series):
+def _plot(runs, policies, png, series, dp):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -423,7 +445,7 @@ def _plot(runs, policies, png, series):
         ax.set_xticklabels(modes)
         ax.set_title(title, fontsize=10)
     axes[0].legend(fontsize=8, loc="lower right")
-    fig.suptitle(f"live DP=2 routing, sglang {series}", fontsize=10)
+    fig.suptitle(f"live DP={dp} routing, sglang {series}", fontsize=10)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
 

@@ -38,7 +38,10 @@ LOAD_TPS + OVERHEAD_S``. Load seen by the policies is the rank's requests and
 tokens still in service at the arrival time. Reported per policy: GPU and host
 prefix hit rate, prefill tokens computed, load imbalance (max/mean busy time),
 mean and p90 modeled TTFT, controller time per request; ratios are against
-``round_robin`` of the same run.
+``round_robin`` of the same run. Per workload also the *read floor*: the mean
+time to read a request's tokens once into a u32 array (a fresh copy of the
+prompt, as the controller unpickles it), the least any policy that hashes the
+prompt in Python pays.
 
 Run: ``python benchmark/cache_aware_routing/bench_routing.py [--quick]`` with
 the patched sglang importable (PYTHONPATH) and ``tests`` on the path.
@@ -371,14 +374,12 @@ class Dynamo(Policy):
 
     def choose(self, req, now):
         from sglang.srt.managers.prefix_digest import (
+            RequestChunks,
             RequestNamespace,
-            chunk_hashes,
             estimate_prefix_match,
-            request_page_hashes,
         )
 
-        pages = request_page_hashes(req.prompt, PAGE, RequestNamespace())
-        chunks = chunk_hashes(pages, PAGE, PAGE)
+        chunks = RequestChunks(req.prompt, PAGE, PAGE, RequestNamespace())
         blocks = len(req.prompt) / PAGE
         best, best_cost = 0, None
         for i, tracker in enumerate(self.trackers):
@@ -499,8 +500,16 @@ def main():
             for row in rows:
                 for k in ("prefill_tokens", "ttft_mean_s", "ttft_p90_s"):
                     row[k + "_vs_rr"] = row[k] / base[k] if base[k] else float("nan")
-            runs.append({"dp": dp, "workload": workload, "rows": rows})
-            _print(dp, workload, rows)
+            floor_us = read_floor_us(trace)
+            runs.append(
+                {
+                    "dp": dp,
+                    "workload": workload,
+                    "read_floor_us_per_req": floor_us,
+                    "rows": rows,
+                }
+            )
+            _print(dp, workload, rows, floor_us)
 
     os.makedirs(args.out, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -523,11 +532,25 @@ def main():
     path.write_text(json.dumps(meta, indent=2))
     png = path.with_suffix(".png")
     _plot(runs, png)
-    print(f"\nwrote {path.relative_to(ROOT)} and {png.relative_to(ROOT)}")
+    shown = [p.relative_to(ROOT) if p.is_relative_to(ROOT) else p for p in (path, png)]
+    print(f"\nwrote {shown[0]} and {shown[1]}")
 
 
-def _print(dp, workload, rows):
-    print(f"\nDP={dp} workload={workload}")
+def read_floor_us(trace) -> float:
+    """Mean microseconds to read a fresh copy of each prompt into array("I")."""
+    import pickle
+
+    total = 0.0
+    for req in trace:
+        fresh = pickle.loads(pickle.dumps(req.prompt))
+        t0 = time.perf_counter()
+        array("I", fresh)
+        total += time.perf_counter() - t0
+    return 1e6 * total / len(trace)
+
+
+def _print(dp, workload, rows, floor_us):
+    print(f"\nDP={dp} workload={workload} (read floor {floor_us:.0f} us/req)")
     head = (
         f"{'policy':<15}{'gpu hit':>8}{'host hit':>9}{'prefill tok':>12}{'vs rr':>7}"
         f"{'imbal':>7}{'ttft mean':>10}{'vs rr':>7}{'ttft p90':>9}{'vs rr':>7}{'ctl us':>8}"

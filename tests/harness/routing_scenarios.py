@@ -425,9 +425,11 @@ def cache_aware_cases(rank, world_size):
     out = {}
     n = [0]
 
-    def run(case, tokens, loads=((0, 0, 0),) * dp, fresh=True, **kwargs):
+    def run(case, tokens, loads=((0, 0, 0),) * dp, fresh=True, history=False, **kwargs):
         if fresh:
             sender.republish()
+        if not history:  # the crafted loads alone decide
+            router.clear_dispatch_history()
         write_loads(handle.port_args, list(loads))
         time.sleep(0.002)
         before = dict(router.stats)
@@ -447,20 +449,28 @@ def cache_aware_cases(rank, world_size):
         sender.send(2, gpu=[a])
         sender.send(1, gpu=[b], host=[a])
         out["settled"] = sender.settle()
+        # Misses while every rank reads idle spread over all ranks: the least
+        # recently dispatched first, equally loaded ones in turn after the
+        # last chosen rank (rank 1 got no_digest): no lowest-index bias.
+        spread = []
+        for i in range(dp):
+            run(f"spread-{i}", _prompt(20 + i, 40), history=i > 0)
+            spread.append(out.pop(f"spread-{i}"))
+        out["miss_spread"] = spread
         run("best_match", a + suffix)
         run("best_match_b", b + suffix)
+        # Recent dispatches count as load: after 3 requests matched on rank 2
+        # and one on rank 1 the turn is rank 2's, but a miss on idle ranks
+        # goes to rank 3, which got none.
+        for i in range(3):
+            run(f"recent-{i}", a + _prompt(90 + i, 10), history=i > 0)
+        run("recent-b", b + suffix, history=True)
+        run("miss_avoids_recent", _prompt(95, 40), history=True)
         run(
             "no_match",
             _prompt(9, 40),
             loads=[(3, 0, 0), (2, 0, 0), (1, 0, 0), (4, 0, 0)],
         )
-        # Equally loaded candidates are taken in turn: misses while every
-        # rank reads idle spread over all ranks (no lowest-index bias).
-        spread = []
-        for i in range(dp):
-            run(f"spread-{i}", _prompt(20 + i, 40))
-            spread.append(out.pop(f"spread-{i}"))
-        out["miss_spread"] = spread
         # Host hits weigh less: rank 3 holds 56 tokens of `a` on GPU, rank 1
         # all 64 on host (0.75 * 64 = 48 < 56).
         sender.send(3, gpu=[a[:56]])
@@ -627,8 +637,8 @@ def pending_cases(rank, world_size, ttl=1.0):
         sender.send(first)
         sender.settle()
         out["pending_after_empty_digest"] = pending_sizes()
-        # The digest that shows the first request's prompt confirms its 7
-        # chunks; the other two requests' last chunks stay pending.
+        # The digest that shows the first request's prompt confirms what the
+        # controller hashed of it (the test says which).
         sender.send(first, gpu=[p + _prompt(60, 8)])
         sender.settle()
         out["pending_after_confirm"] = pending_sizes()

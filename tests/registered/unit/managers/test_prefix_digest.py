@@ -151,17 +151,14 @@ class TestDigestHashes(unittest.TestCase):
 class TestDigestTracker(unittest.TestCase):
     def _estimate(self, tracker, tokens, page, chunk, **ns):
         from sglang.srt.managers.prefix_digest import (
+            RequestChunks,
             RequestNamespace,
-            chunk_hashes,
             estimate_prefix_match,
-            request_page_hashes,
             unpack_hashes,
         )
 
         gpu, host = (unpack_hashes(b) for b in tracker.build())
-        chunks = chunk_hashes(
-            request_page_hashes(tokens, page, RequestNamespace.of(**ns)), page, chunk
-        )
+        chunks = RequestChunks(tokens, page, chunk, RequestNamespace.of(**ns))
         return estimate_prefix_match(chunks, gpu, host)
 
     def test_chunk_alignment_and_dirty_flag(self):
