@@ -11,6 +11,7 @@ runs this with the tooling venv).
 from __future__ import annotations
 
 import argparse
+import email.utils
 import hashlib
 import io
 import os
@@ -25,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import series as series_mod  # noqa: E402
 from common import (  # noqa: E402
     BUILD,
+    PATCH_DATE,
     PATCHES,
     ROOT,
     ToolError,
@@ -36,6 +38,7 @@ from common import (  # noqa: E402
 import upstream  # noqa: E402
 
 DIST = Path(os.environ.get("SGL_DIST_DIR", ROOT / "dist"))
+PATCH_EPOCH = int(email.utils.parsedate_to_datetime(PATCH_DATE).timestamp())
 
 
 def default_label() -> str:
@@ -73,7 +76,6 @@ def _set_version_py(path: Path, old: str, new: str, label: str) -> None:
 def build(label: str | None = None, dist: Path = DIST) -> Path:
     src = series_mod.SRC
     pin = upstream.load_pin()
-    commits = series_mod._layout(src)
     dirty = series_mod._dirty(src)
     if dirty:
         raise ToolError(
@@ -81,10 +83,14 @@ def build(label: str | None = None, dist: Path = DIST) -> Path:
             f"before building a wheel:\n{dirty[:800]}"
         )
     series = read_series()
-    if len(commits) != len(series):
+    problems = series_mod.unexported(src, series)
+    if problems:
+        # The label names the series: a wheel of other commits must not carry it.
         raise ToolError(
-            f"{src} has {len(commits)} patch commits, the series {len(series)}: "
-            "run `make apply` (or `make refresh`) first"
+            f"{src} is not the series in patches/:\n  "
+            + "\n  ".join(problems)
+            + "\nrun `make refresh` to export your commits (or `make apply` to "
+            "rebuild the tree from patches/) before building a wheel"
         )
     root_msg = git(src, "log", "-1", "--format=%s", series_mod.UPSTREAM_TAG).strip()
     m = re.fullmatch(r"upstream: (\S+\.whl)", root_msg)
@@ -98,6 +104,20 @@ def build(label: str | None = None, dist: Path = DIST) -> Path:
     label = label or default_label()
     _check_label(label)
     version = f"{pin.version}+{label}"
+    expected = dist / f"{pin.name}-{version}-{tags}.whl"
+    epoch = os.environ.get("SOURCE_DATE_EPOCH") or str(PATCH_EPOCH)
+    tree_id = git(src, "rev-parse", "HEAD^{tree}").strip()
+    key = hashlib.sha256(
+        "\0".join(
+            [tree_id, version, tags, epoch, (PATCHES / "series").read_text()]
+        ).encode()
+    ).hexdigest()
+    stamp = BUILD / "wheel.stamp"
+    if expected.is_file() and stamp.is_file():
+        recorded = stamp.read_text().split()
+        if recorded == [key, upstream.sha256_of(expected)]:
+            print(f"{_shown(expected)} is up to date (same tree, label and epoch)")
+            return expected
 
     stage_root = BUILD / "wheel"
     if stage_root.exists():
@@ -135,23 +155,29 @@ def build(label: str | None = None, dist: Path = DIST) -> Path:
     dist.mkdir(parents=True, exist_ok=True)
     for old in dist.glob(f"{pin.name}-*.whl"):
         old.unlink()
+    stamp.unlink(missing_ok=True)
+    # Zip timestamps from SOURCE_DATE_EPOCH (default: the patches' date), so
+    # the same tree and label pack to the same bytes.
     proc = subprocess.run(
         [sys.executable, "-m", "wheel", "pack", str(stage), "-d", str(dist)],
         capture_output=True,
         text=True,
+        env={**os.environ, "SOURCE_DATE_EPOCH": epoch},
     )
-    expected = dist / f"{pin.name}-{version}-{tags}.whl"
     if proc.returncode != 0 or not expected.is_file():
         raise ToolError(f"wheel pack failed:\n{proc.stdout}{proc.stderr}")
+    stamp.write_text(f"{key} {upstream.sha256_of(expected)}\n")
 
     changed = git(src, "diff", "--name-status", series_mod.UPSTREAM_TAG, "HEAD").strip()
     print(f"patched files ({len(changed.splitlines())}):")
     for line in changed.splitlines():
         print(f"  {line}")
-    print(
-        f"built {expected.relative_to(ROOT) if expected.is_relative_to(ROOT) else expected}"
-    )
+    print(f"built {_shown(expected)} (sha256 {upstream.sha256_of(expected)})")
     return expected
+
+
+def _shown(path: Path) -> Path:
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
 
 
 def main() -> None:

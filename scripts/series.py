@@ -184,19 +184,30 @@ def _guard_existing(src: Path, series: list[str]) -> None:
             f"{src} has uncommitted changes:\n{dirty[:800]}\n"
             "commit them and run `make refresh`, or discard them with FORCE=1"
         )
-    commits = _layout(src)
-    if len(commits) > len(series):
+    problems = unexported(src, series)
+    if problems:
         raise ToolError(
-            f"{src} has {len(commits)} patch commits but the series lists "
-            f"{len(series)}; run `make refresh` to export them, or FORCE=1"
+            f"{src} holds work that is not in patches/:\n  "
+            + "\n  ".join(problems)
+            + "\nrun `make refresh` to export it, or FORCE=1 to discard it"
         )
+
+
+def unexported(src: Path, series: list[str]) -> list[str]:
+    """How the commits of ``src`` differ from the series (empty: every commit
+    exports byte for byte to its patch file, in order)."""
+    commits = _layout(src)
+    problems = []
+    if len(commits) != len(series):
+        problems.append(f"{len(commits)} patch commits, the series lists {len(series)}")
     for commit, name in zip(commits, series):
         path = PATCHES / name
         if not path.is_file() or export_commit(src, commit) != path.read_text():
-            raise ToolError(
-                f"{src} commit {commit[:12]} differs from patches/{name}; run "
-                "`make refresh` to export it, or FORCE=1 to discard it"
+            subject = git(src, "log", "-1", "--format=%s", commit).strip()
+            problems.append(
+                f"commit {commit[:12]} {subject!r} differs from patches/{name}"
             )
+    return problems
 
 
 def _copy_pristine(pristine: Path, dest: Path) -> None:
@@ -226,10 +237,34 @@ def init_tree(pristine: Path, wheel_name: str, dest: Path) -> None:
         f"upstream: {wheel_name}\n\nPristine unpacked wheel.",
     )
     git(dest, "tag", UPSTREAM_TAG)
+    # Pack the upstream commit's objects (thousands of loose files otherwise).
+    git(
+        dest,
+        "-c",
+        "pack.compression=1",
+        "repack",
+        "-d",
+        "-q",
+        "--window=0",
+        "--depth=0",
+    )
+
+
+def _swap_in(new: Path, dest: Path) -> None:
+    """Put ``new`` at ``dest``; the old tree is moved aside, not deleted, until
+    the new one is in place (a failed removal leaves only a stale copy)."""
+    old = dest.with_name(dest.name + ".old")
+    if old.exists():
+        shutil.rmtree(old)
+    if dest.exists():
+        os.replace(dest, old)
+    os.replace(new, dest)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def apply(force: bool = False) -> Path:
     series = read_series()
+    _check_files(series)
     wheel, pristine = upstream.prepare()
     if not force:
         _guard_existing(SRC, series)
@@ -240,9 +275,6 @@ def apply(force: bool = False) -> Path:
     failure = None
     for index, name in enumerate(series, 1):
         patch_file = PATCHES / name
-        if not patch_file.is_file():
-            failure = (index, name, [f"patches/{name} listed in series does not exist"])
-            break
         problems = strict_problems(tmp, patch_file)
         if problems:
             failure = (index, name, problems)
@@ -267,9 +299,7 @@ def apply(force: bool = False) -> Path:
             git(tmp, "am", "--abort", check=False)
             failure = (index, name, [proc.stderr.strip() or proc.stdout.strip()])
             break
-    if SRC.exists():
-        shutil.rmtree(SRC)
-    os.replace(tmp, SRC)
+    _swap_in(tmp, SRC)
     if failure:
         index, name, problems = failure
         raise ToolError(
@@ -318,9 +348,123 @@ def _append_series(lines: list[str], group: str, name: str) -> list[str]:
     return lines + ["", f"# == {group} ==", name]
 
 
+def patch_subject(text: str) -> str:
+    """The commit subject a format-patch file carries (unfolded, no [PATCH])."""
+    m = re.search(r"(?m)^Subject: (?:\[PATCH[^\]]*\] )?(.*(?:\n[ \t].*)*)", text)
+    return re.sub(r"\n[ \t]+", " ", m.group(1)).strip() if m else ""
+
+
+def _patch_id(diff: str) -> str:
+    proc = subprocess.run(
+        ["git", "patch-id", "--stable"],
+        input=diff,
+        capture_output=True,
+        text=True,
+        env=git_env(),
+    )
+    return proc.stdout.split()[0] if proc.stdout.strip() else ""
+
+
+def missing_patches(series: list[str]) -> list[str]:
+    return [name for name in series if not (PATCHES / name).is_file()]
+
+
+def _check_files(series: list[str]) -> None:
+    missing = missing_patches(series)
+    if missing:
+        raise ToolError(
+            "patches/series lists patch file(s) that do not exist: "
+            + ", ".join(f"patches/{m}" for m in missing)
+            + " (renamed or deleted? fix the series entry or restore the file)"
+        )
+
+
+def match_commits(repo: Path, commits: list[str], series: list[str]) -> list:
+    """The series entry of each commit (None: a new commit), by identity.
+
+    A commit is its patch by subject; a commit whose subject changed is its
+    patch by content (``git patch-id``). Two patches or two commits with one
+    subject, or a patch that matches no commit either way, are refused:
+    writing by position would put one commit's diff into another's file.
+    """
+    subjects = {name: patch_subject((PATCHES / name).read_text()) for name in series}
+    by_subject: dict[str, str] = {}
+    for name, subject in subjects.items():
+        if subject in by_subject:
+            raise ToolError(
+                f"patches/{by_subject[subject]} and patches/{name} have the same "
+                f"subject {subject!r}; give each patch its own subject"
+            )
+        by_subject[subject] = name
+    commit_subjects = [
+        git(repo, "log", "-1", "--format=%s", c).strip() for c in commits
+    ]
+    seen: dict[str, str] = {}
+    for c, subject in zip(commits, commit_subjects):
+        if subject in seen:
+            raise ToolError(
+                f"commits {seen[subject][:12]} and {c[:12]} in {repo} have the "
+                f"same subject {subject!r}; give each commit its own subject"
+            )
+        seen[subject] = c
+    matched = [by_subject.get(subject) for subject in commit_subjects]
+    left = [n for n in series if n not in matched]
+    if left and None in matched:
+        ids = {_patch_id((PATCHES / n).read_text()): n for n in left}
+        for i, c in enumerate(commits):
+            if matched[i] is None:
+                name = ids.get(_patch_id(git(repo, "show", "--format=", c)))
+                if name is not None and name not in matched:
+                    matched[i] = name
+        left = [n for n in series if n not in matched]
+    if left:
+        new = [
+            f"{c[:12]} {s!r}"
+            for c, s, m in zip(commits, commit_subjects, matched)
+            if m is None
+        ]
+        raise ToolError(
+            "no commit in "
+            f"{repo} matches "
+            + ", ".join(f"patches/{n}" for n in left)
+            + " by subject or by content"
+            + (f" (unmatched commits: {', '.join(new)})" if new else "")
+            + ": a commit was dropped, or reworded and changed at once. Keep its "
+            "subject to update it (or its diff to reword it), restore it, or "
+            "remove the patch from patches/series by hand."
+        )
+    return matched
+
+
+def _series_lines(
+    lines: list[str], order: list[str], new: dict[int, tuple[str, str]]
+) -> list[str]:
+    """The series file with its entries in ``order`` (commit order) and new
+    entries (index in ``order`` -> (group, name)) after their predecessor."""
+    slots = [i for i, l in enumerate(lines) if l.split("#", 1)[0].strip()]
+    existing = [n for i, n in enumerate(order) if i not in new]
+    out = list(lines)
+    for slot, name in zip(slots, existing):
+        out[slot] = name
+    for index in sorted(new):
+        group, name = new[index]
+        if index == len(order) - 1 and all(i in new for i in range(index, len(order))):
+            out = _append_series(out, group, name)
+            continue
+        prev = order[index - 1] if index else None
+        at = (
+            next(i for i, l in enumerate(out) if l.split("#", 1)[0].strip() == prev) + 1
+            if prev
+            else slots[0] if slots else len(out)
+        )
+        out.insert(at, name)
+    return out
+
+
 def refresh(group: str | None = None) -> list[str]:
     series_file = PATCHES / "series"
     series = read_series(series_file)
+    _check_files(series)
     if not SRC.exists():
         raise ToolError(f"{SRC} does not exist; run `make apply` first")
     dirty = _dirty(SRC)
@@ -329,36 +473,35 @@ def refresh(group: str | None = None) -> list[str]:
             f"{SRC} has uncommitted changes; commit them first:\n{dirty[:800]}"
         )
     commits = _layout(SRC)
-    if len(commits) < len(series):
-        raise ToolError(
-            f"{SRC} has {len(commits)} patch commits but the series lists "
-            f"{len(series)}: a commit was dropped or the last apply stopped early. "
-            "Remove dropped patches from patches/series by hand, or fix the "
-            "failing patch and `make apply` again."
-        )
+    matched = match_commits(SRC, commits, series)
     lines = series_file.read_text().splitlines()
-    names = list(series)
-    written = []
-    for i, commit in enumerate(commits):
-        if i >= len(names):
+    order: list[str] = []
+    new: dict[int, tuple[str, str]] = {}
+    for i, (commit, name) in enumerate(zip(commits, matched)):
+        if name is None:
             subject = git(SRC, "log", "-1", "--format=%s", commit).strip()
-            grp = group or (names[-1].split("/")[0] if names else "misc")
-            name = _new_name(grp, subject, names)
-            names.append(name)
-            lines = _append_series(lines, grp, name)
-        path = PATCHES / names[i]
+            neighbour = order[-1] if order else next((m for m in matched if m), None)
+            grp = group or (neighbour.split("/")[0] if neighbour else "misc")
+            name = _new_name(grp, subject, series + order)
+            new[i] = (grp, name)
+        order.append(name)
+    written = []
+    for commit, name in zip(commits, order):
+        path = PATCHES / name
         text = export_commit(SRC, commit)
         if not path.is_file() or path.read_text() != text:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
-            written.append(names[i])
-    new_series = "\n".join(lines) + "\n"
+            written.append(name)
+    new_series = "\n".join(_series_lines(lines, order, new)) + "\n"
     if series_file.read_text() != new_series:
         series_file.write_text(new_series)
         written.append("series")
+    reordered = [n for n in order if n in series] != series
     print(
         f"refreshed {len(commits)} patch(es); "
         + (f"updated: {', '.join(written)}" if written else "no changes")
+        + ("; series reordered to the commit order" if reordered else "")
     )
     return written
 

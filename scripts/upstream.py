@@ -88,10 +88,13 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def verify_wheel(pin: Pin, path: Path) -> str:
-    """Refuse a wheel that is not byte-identical to a pinned one; return its sha256."""
+def verify_wheel(pin: Pin, path: Path, source: str | None = None) -> str:
+    """Refuse a wheel that is not byte-identical to a pinned one; return its sha256.
+
+    ``source`` names where a user-supplied wheel came from (``--wheel`` or
+    ``UPSTREAM_WHEEL``); None means the download cache."""
     if not path.is_file():
-        raise ToolError(f"upstream wheel not found: {path}")
+        raise ToolError(f"upstream wheel not found: {path}" + _via(source))
     meta = pin.wheels.get(path.name)
     if meta is None:
         raise ToolError(
@@ -101,12 +104,21 @@ def verify_wheel(pin: Pin, path: Path) -> str:
     size = path.stat().st_size
     digest = sha256_of(path)
     if size != meta.get("size", size) or digest != meta["sha256"]:
+        remedy = (
+            "Delete it to download it again."
+            if source is None
+            else f"Give {source} the pinned wheel itself (or unset it to download it)."
+        )
         raise ToolError(
-            f"refusing {path}: sha256 {digest} (size {size}) does not match the "
-            f"pinned sha256 {meta['sha256']} (size {meta.get('size')}); the file "
-            "is corrupt or tampered with. Delete it to download it again."
+            f"refusing {path}{_via(source)}: sha256 {digest} (size {size}) does not "
+            f"match the pinned sha256 {meta['sha256']} (size {meta.get('size')}); "
+            f"the file is corrupt, tampered with or another build. {remedy}"
         )
     return digest
+
+
+def _via(source: str | None) -> str:
+    return f" (from {source})" if source else ""
 
 
 def download(pin: Pin, fname: str, cache: Path) -> Path:
@@ -149,12 +161,14 @@ def download(pin: Pin, fname: str, cache: Path) -> Path:
     return dest
 
 
-def locate_wheel(pin: Pin, fname: str, wheel: str | None, cache: Path) -> Path:
+def locate_wheel(
+    pin: Pin, fname: str, wheel: str | None, cache: Path, source: str = "--wheel"
+) -> Path:
     if wheel:
         path = Path(wheel)
         if path.name != fname:
             raise ToolError(
-                f"--wheel {path.name} is not the wheel for this target ({fname})"
+                f"{source} {path.name} is not the wheel for this target ({fname})"
             )
         return path
     cached = cache / fname
@@ -183,8 +197,8 @@ def _check_versions(pin: Pin, tree: Path) -> None:
         raise ToolError(f"{pin.name}/_version.py does not say {pin.version}")
 
 
-def unpack(pin: Pin, path: Path, dest_root: Path) -> Path:
-    digest = verify_wheel(pin, path)
+def unpack(pin: Pin, path: Path, dest_root: Path, source: str | None = None) -> Path:
+    digest = verify_wheel(pin, path, source)
     dest = dest_root / path.name[: -len(".whl")]
     stamp = dest / STAMP
     if stamp.is_file() and stamp.read_text().strip() == digest:
@@ -220,8 +234,13 @@ def prepare(
     fname = wheel_filename(
         pin, python_tag or default_python_tag(), plat or default_platform()
     )
-    path = locate_wheel(pin, fname, wheel or os.environ.get("UPSTREAM_WHEEL"), CACHE)
-    return path, unpack(pin, path, UPSTREAM_TREES)
+    source = None
+    if wheel:
+        source = "--wheel"
+    elif os.environ.get("UPSTREAM_WHEEL"):
+        wheel, source = os.environ["UPSTREAM_WHEEL"], "UPSTREAM_WHEEL"
+    path = locate_wheel(pin, fname, wheel, CACHE, source or "--wheel")
+    return path, unpack(pin, path, UPSTREAM_TREES, source)
 
 
 def main() -> None:
@@ -235,7 +254,7 @@ def main() -> None:
     if args.command == "verify":
         if not args.wheel:
             raise ToolError("verify needs --wheel PATH")
-        print(verify_wheel(load_pin(args.pin), Path(args.wheel)))
+        print(verify_wheel(load_pin(args.pin), Path(args.wheel), "--wheel"))
         return
     wheel, tree = prepare(args.python_tag, args.platform, args.wheel, args.pin)
     print(wheel if args.command == "wheel-path" else tree)

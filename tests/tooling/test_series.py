@@ -275,3 +275,182 @@ def test_make_pr_drops_header_fields_with_their_continuation_lines():
     assert "How: so.\n\ndiff --git a/python/sglang/a.py b/python/sglang/a.py\n" in out
     for gone in ("Upstream-Status", "continuation", "Remove-When", "sglang#1"):
         assert gone not in out
+
+
+def _rebase_todo(src: Path, script: str) -> None:
+    """``git rebase -i upstream`` with ``script`` (python, reads/writes the todo
+    file given as sys.argv[1]) as the sequence editor."""
+    editor = src.parent / "seq_editor.py"
+    editor.write_text(script)
+    proc = subprocess.run(
+        [
+            "git",
+            "-C",
+            str(src),
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "rebase",
+            "-q",
+            "-i",
+            "upstream",
+        ],
+        capture_output=True,
+        text=True,
+        env={
+            **os.environ,
+            **GIT_ENV,
+            "GIT_SEQUENCE_EDITOR": f"{sys.executable} {editor}",
+        },
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+SWAP_6_7 = """import sys
+path = sys.argv[1]
+lines = open(path).read().splitlines(True)
+picks = [i for i, l in enumerate(lines) if l.startswith("pick ")]
+a, b = picks[5], picks[6]
+lines[a], lines[b] = lines[b], lines[a]
+open(path, "w").writelines(lines)
+"""
+
+
+def test_refresh_follows_reordered_commits(sandbox):
+    # Two independent commits swapped (the README's rebase workflow): each
+    # patch file keeps its own commit, the series takes the commit order.
+    tmp, env = sandbox
+    patches = tmp / "patches"
+    assert apply(env).returncode == 0
+    src = tmp / "build" / "src"
+    entries = series_entries(patches)
+    before = snapshot(patches)
+    _rebase_todo(src, SWAP_6_7)
+    proc = run_script("series.py", "refresh", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "reordered" in proc.stdout
+    after = series_entries(patches)
+    swapped = entries[:5] + [entries[6], entries[5]] + entries[7:]
+    assert after == swapped
+    for name in entries:  # every file still holds its own commit, byte for byte
+        assert (patches / name).read_bytes() == before[Path(name)], name
+    # and the reordered series applies and round-trips
+    assert apply(env).returncode == 0
+    proc = run_script("series.py", "refresh", env=env)
+    assert proc.returncode == 0 and "no changes" in proc.stdout, proc.stdout
+
+
+def test_refresh_matches_a_reworded_commit_by_content(sandbox):
+    tmp, env = sandbox
+    patches = tmp / "patches"
+    assert apply(env).returncode == 0
+    src = tmp / "build" / "src"
+    entries = series_entries(patches)
+    git(src, "commit", "-q", "--amend", "-m", "[HiCache] Reworded subject\n\nWhy: t.\n")
+    proc = run_script("series.py", "refresh", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert series_entries(patches) == entries
+    assert "Subject: [PATCH] [HiCache] Reworded subject" in (
+        (patches / entries[-1]).read_text()
+    )
+
+
+def test_refresh_refuses_dropped_and_ambiguous_commits(sandbox):
+    tmp, env = sandbox
+    patches = tmp / "patches"
+    assert apply(env).returncode == 0
+    src = tmp / "build" / "src"
+    before = snapshot(patches)
+    head = git(src, "rev-parse", "HEAD").strip()
+    # Reworded and changed at once: matches no patch by subject or content.
+    target = src / "sglang" / "srt" / "mem_cache" / "l2_transfer.py"
+    target.write_text(target.read_text() + "\n# changed\n")
+    git(src, "commit", "-q", "-a", "--amend", "-m", "[PD] Something else\n")
+    proc = run_script("series.py", "refresh", env=env)
+    assert proc.returncode == 2
+    last = series_entries(patches)[-1]
+    assert f"patches/{last}" in proc.stderr and "by subject or by content" in (
+        proc.stderr
+    )
+    assert snapshot(patches) == before  # nothing written
+    # A dropped commit is named too.
+    git(src, "reset", "-q", "--hard", f"{head}~1")
+    proc = run_script("series.py", "refresh", env=env)
+    assert proc.returncode == 2 and f"patches/{last}" in proc.stderr
+    # Two commits with one subject.
+    git(src, "reset", "-q", "--hard", head)
+    subject = git(src, "log", "-1", "--format=%s", "HEAD~1").strip()
+    git(src, "commit", "-q", "--allow-empty", "-m", subject)
+    proc = run_script("series.py", "refresh", env=env)
+    assert proc.returncode == 2 and "same subject" in proc.stderr
+    assert snapshot(patches) == before
+
+
+def test_missing_patch_file_reported_before_applying(sandbox):
+    tmp, env = sandbox
+    patches = tmp / "patches"
+    assert apply(env).returncode == 0
+    src = tmp / "build" / "src"
+    head = git(src, "rev-parse", "HEAD").strip()
+    name = series_entries(patches)[-1]
+    (patches / name).rename(patches / (name + ".moved"))
+    proc = apply(env, "--force")
+    assert proc.returncode == 2
+    assert f"patches/{name}" in proc.stderr and "do not exist" in proc.stderr
+    assert "applied" not in proc.stdout
+    assert git(src, "rev-parse", "HEAD").strip() == head  # tree untouched
+    proc = run_script("series.py", "refresh", env=env)
+    assert proc.returncode == 2 and f"patches/{name}" in proc.stderr
+
+
+SWAP_IN_FAILS = """
+import os, shutil, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import series
+
+real = shutil.rmtree
+calls = []
+
+def flaky_rmtree(path, ignore_errors=False, **kw):
+    # Remove half of the tree, then fail (as a concurrent `git gc` did).
+    calls.append(str(path))
+    files = sorted(p for p in Path(path).rglob("*") if p.is_file())
+    for p in files[: len(files) // 2]:
+        p.unlink()
+    if not ignore_errors:
+        raise FileNotFoundError(str(path))
+    real(path, ignore_errors=True)
+
+shutil.rmtree = flaky_rmtree
+series.apply(force=True)
+print("removed:", calls)
+"""
+
+
+def test_apply_moves_the_old_tree_aside_before_removing_it(sandbox):
+    tmp, env = sandbox
+    assert apply(env).returncode == 0
+    src = tmp / "build" / "src"
+    n = len(git(src, "rev-list", "upstream..HEAD").split())
+    proc = subprocess.run(
+        [sys.executable, "-c", SWAP_IN_FAILS, str(ROOT / "scripts")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "src.old" in proc.stdout  # only the moved-aside tree was removed
+    assert git(src, "status", "--porcelain") == ""
+    assert len(git(src, "rev-list", "upstream..HEAD").split()) == n
+    assert not (tmp / "build" / "src.old").exists()
+    assert not (tmp / "build" / "src.tmp").exists()
+    # The upstream commit is packed: no thousands of loose objects for a
+    # user's commit to trip `git gc --auto` over.
+    counts = dict(
+        line.split(": ")
+        for line in git(src, "count-objects", "-v").splitlines()
+        if ": " in line
+    )
+    assert int(counts["count"]) < 200, counts

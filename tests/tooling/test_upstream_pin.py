@@ -88,3 +88,29 @@ def test_version_mismatch_refused(sandbox):
     assert proc.returncode == 2
     assert "wheel METADATA says sglang 0.5.23, pin says sglang 0.5.99" in proc.stderr
     assert not any((tmp / "trees").glob("sglang-*"))
+
+
+def test_user_supplied_wheel_errors_name_their_source(upstream_wheel, sandbox):
+    tmp, env = sandbox
+    wrong = tmp / "sglang-0.5.23-cp39-cp39-linux_x86_64.whl"
+    shutil.copy(upstream_wheel, wrong)
+    proc = run_script(
+        "upstream.py", "unpack", env={**env, "UPSTREAM_WHEEL": str(wrong)}
+    )
+    assert proc.returncode == 2
+    assert "UPSTREAM_WHEEL sglang-0.5.23-cp39" in proc.stderr
+    assert "--wheel" not in proc.stderr
+    bad = tmp / upstream_wheel.name
+    shutil.copy(upstream_wheel, bad)
+    with open(bad, "r+b") as f:
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    proc = run_script("upstream.py", "unpack", env={**env, "UPSTREAM_WHEEL": str(bad)})
+    assert proc.returncode == 2
+    assert "(from UPSTREAM_WHEEL)" in proc.stderr
+    # A user's file is not the download cache: no advice to delete it.
+    assert "Delete it" not in proc.stderr and "Give UPSTREAM_WHEEL" in proc.stderr
+    proc = run_script("upstream.py", "unpack", "--wheel", str(bad), env=env)
+    assert proc.returncode == 2 and "Give --wheel the pinned wheel" in proc.stderr

@@ -170,3 +170,71 @@ def test_bad_label_refused(built):
     proc = run_script("build_wheel.py", env=env)
     assert proc.returncode == 2 and "invalid local version label" in proc.stderr
     assert not (tmp / "dist2").exists() or not any((tmp / "dist2").iterdir())
+
+
+def _build(tmp, dist, extra=None):
+    env = {
+        **os.environ,
+        "SGL_BUILD_DIR": str(tmp / "build"),
+        "SGL_PATCHES_DIR": str(tmp / "patches"),
+        "SGL_DIST_DIR": str(tmp / dist),
+        "LABEL": "test.7",
+        **(extra or {}),
+    }
+    python = str(TOOLS_PY) if TOOLS_PY.exists() else sys.executable
+    return subprocess.run(
+        [python, str(ROOT / "scripts/build_wheel.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+
+
+def _sha(path):
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_rebuild_is_byte_identical_and_skipped_when_unchanged(built):
+    tmp, wheel, _, _ = built
+    first = _sha(wheel)
+    proc = _build(tmp, "dist")  # same tree, label and dist: not repacked
+    assert proc.returncode == 0, proc.stderr
+    assert "up to date" in proc.stdout
+    assert _sha(wheel) == first
+    proc = _build(tmp, "dist-again")  # packed again elsewhere: the same bytes
+    assert proc.returncode == 0, proc.stderr
+    (again,) = (tmp / "dist-again").glob("*.whl")
+    assert again.name == wheel.name and _sha(again) == first
+    # SOURCE_DATE_EPOCH is honoured (zip timestamps), so it changes the bytes.
+    proc = _build(tmp, "dist-epoch", {"SOURCE_DATE_EPOCH": "1800000000"})
+    assert proc.returncode == 0, proc.stderr
+    (other,) = (tmp / "dist-epoch").glob("*.whl")
+    assert _sha(other) != first
+
+
+def test_amended_unexported_commit_refused(built):
+    # The label names the series: a tree whose commits differ from the patch
+    # files (amended, not refreshed) must not be packed under it.
+    tmp, _, _, _ = built
+    src = tmp / "build" / "src"
+
+    def git(*args):
+        return subprocess.run(
+            ["git", "-C", str(src), "-c", "user.name=t", "-c", "user.email=t@t"]
+            + list(args),
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+
+    head = git("rev-parse", "HEAD")
+    try:
+        git("commit", "-q", "--amend", "-m", "[PD] amended, not exported")
+        proc = _build(tmp, "dist-amended")
+        assert proc.returncode == 2
+        assert "differs from patches/" in proc.stderr and "make refresh" in proc.stderr
+        assert not list((tmp / "dist-amended").glob("*.whl"))
+    finally:
+        git("reset", "-q", "--hard", head)
