@@ -3,6 +3,7 @@
 #   make wheel            # fetch + verify the pinned wheel, apply the series, pack dist/*.whl
 #   make test             # .venv with the CPU deps + the built wheel, lint, pytest
 #   make serve-cpu        # the patched server on CPU (tiny local model), foreground
+#   make drift VERSION=X  # how each patch applies to release X (clean/offset/fuzz/conflict)
 #
 # Variables: PYTHON (the interpreter whose tag the wheel gets), PYTHON_TAG and
 # WHEEL_PLATFORM (cross-target, e.g. cp312 / manylinux_2_34_aarch64), LABEL
@@ -18,7 +19,7 @@ export PYTHON_TAG WHEEL_PLATFORM LABEL FORCE GROUP
 PORT ?= 30000
 SERVER_ARGS ?=
 
-.PHONY: all sysdeps fetch apply refresh wheel venv install model serve-cpu test lint pytest check-series pr clean distclean
+.PHONY: all sysdeps fetch apply refresh wheel venv install model serve-cpu test lint pytest check-series drift pr clean distclean
 
 all: wheel
 
@@ -95,6 +96,11 @@ check-series: fetch
 	@echo "series applies with patch -p1 --fuzz=0 and quilt push -a"
 
 # Extract one feature group as an upstream PR into build/pr/<feature>/.
+# How the series applies to another release (scratch tree; nothing changes).
+drift:
+	@test -n "$(VERSION)" || { echo "usage: make drift VERSION=<sglang release>" >&2; exit 2; }
+	$(PYTHON) scripts/drift.py $(VERSION)
+
 pr:
 	@test -n "$(FEATURE)" || { echo "usage: make pr FEATURE=<series group>" >&2; exit 2; }
 	$(PYTHON) scripts/make_pr.py $(FEATURE)
