@@ -95,6 +95,12 @@ def sharded_roundtrip(
     pool, alloc, cc = stack.device_pool, stack.allocator, stack.controller
     cc.load_fence_stream = torch.cpu.current_stream()
     shard = getattr(cc, "rank_shard", None)
+    # The staging buffer exists from startup (attach), at its configured size.
+    staging_at_start = (
+        None
+        if shard is None or shard.exchange._staging is None
+        else shard.exchange._staging.numel()
+    )
     if skip_exchange and shard is not None:
         disable_exchange(cc)
     log = []
@@ -186,6 +192,7 @@ def sharded_roundtrip(
         sglang=_sglang_identity(),
         groups_created=len(groups) if groups is not None else None,
         sharded=shard is not None,
+        staging_at_start=staging_at_start,
         kv_host_layers=list(stack.kv_host._target_layer_indices),
         indexer_host_layers=list(stack.indexer_host._live_target_layers),
         kv_host_size=stack.kv_host.size,

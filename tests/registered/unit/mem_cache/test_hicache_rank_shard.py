@@ -62,6 +62,8 @@ class _ShardedRun:
         counts = []
         for r in self.results:
             self.assertTrue(r["sharded"])
+            # allocated when the host tier is attached, not at the first load
+            self.assertEqual(r["staging_at_start"], 64 << 20)
             self.assertEqual(r["groups_created"], 2)  # broadcast + verify group
             self.assertEqual(
                 r["kv_host_layers"], list(range(self.LAYERS))[r["rank"] :: self.WORLD]

@@ -48,7 +48,14 @@ class TestKnobs(unittest.TestCase):
         )
 
         cases = {
-            "SGLANG_HICACHE_RANK_SHARD_STAGING_MB": ["abc", "0", "-4", "1.5"],
+            "SGLANG_HICACHE_RANK_SHARD_STAGING_MB": [
+                "abc",
+                "0",
+                "-4",
+                "1.5",
+                "1025",
+                "1000000000",
+            ],
             "SGLANG_HICACHE_RANK_SHARD_LOG_EVERY": ["x", "-1"],
             "SGLANG_HICACHE_RANK_SHARD_VERIFY_EVERY": ["", "-2"],
             "SGLANG_HICACHE_RANK_SHARD_KEEP_CAPACITY": ["maybe"],
