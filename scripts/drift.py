@@ -52,27 +52,7 @@ def fetch(version: str, dest: Path) -> Path:
     plat = upstream.default_platform()
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest) as tmp:
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--no-cache-dir",
-            "--platform",
-            plat,
-            "--python-version",
-            f"{tag[2]}.{tag[3:]}",
-            "--implementation",
-            "cp",
-            "--abi",
-            tag,
-            "-d",
-            tmp,
-            f"sglang=={version}",
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = upstream.pip_download(f"sglang=={version}", tag, plat, Path(tmp))
         got = list(Path(tmp).glob("sglang-*.whl"))
         if proc.returncode != 0 or len(got) != 1:
             raise ToolError(

@@ -121,34 +121,40 @@ def _via(source: str | None) -> str:
     return f" (from {source})" if source else ""
 
 
+def pip_download(requirement: str, tag: str, plat: str, dest: Path):
+    """``pip download`` one binary wheel for interpreter ``tag`` (e.g. cp311)
+    and ``plat`` into ``dest``; returns the completed process."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--no-cache-dir",
+        "--platform",
+        plat,
+        "--python-version",
+        f"{tag[2]}.{tag[3:]}",
+        "--implementation",
+        "cp",
+        "--abi",
+        tag,
+        "-d",
+        str(dest),
+        requirement,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
 def download(pin: Pin, fname: str, cache: Path) -> Path:
-    m = re.fullmatch(r".+?-.+?-(cp(\d)(\d+))-cp\d+-(.+)\.whl", fname)
+    m = re.fullmatch(r".+?-.+?-(cp\d+)-cp\d+-(.+)\.whl", fname)
     assert m, fname
-    tag, major, minor, plat = m.group(1), m.group(2), m.group(3), m.group(4)
+    tag, plat = m.group(1), m.group(2)
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--no-cache-dir",
-            "--platform",
-            plat,
-            "--python-version",
-            f"{major}.{minor}",
-            "--implementation",
-            "cp",
-            "--abi",
-            tag,
-            "-d",
-            tmp,
-            f"{pin.name}=={pin.version}",
-        ]
         print(f"downloading {fname} ...", file=sys.stderr)
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = pip_download(f"{pin.name}=={pin.version}", tag, plat, Path(tmp))
         got = Path(tmp) / fname
         if proc.returncode != 0 or not got.is_file():
             raise ToolError(
