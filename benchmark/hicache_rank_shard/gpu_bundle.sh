@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepare .gpu/ (ignored; carried to the GPU host by the device tool): the
+# Prepare .gpu/ (ignored; copied to the GPU host with the working tree): the
 # patched cp312 wheel and sglang's small runtime deps missing from the GPU image.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device-tool call: install the carried wheels (.gpu/whl: sglang's small
+# One run on a GPU host: install the copied wheels (.gpu/whl: sglang's small
 # deps for Python 3.12; .gpu/dist: the patched cp312 sglang wheel), put the
 # test-only sgl_kernel stand-in first, run every mode of gpu_tp_run.py and
 # leave one JSON per mode in $OUT. Prepare .gpu with gpu_bundle.sh.
@@ -11,9 +11,8 @@
 # sharded and copy_only also with the stand-in's sglang-kernel-like
 # cudaMemcpyBatchAsync instead of its strided 2-D copies,
 # SGL_STANDIN_COPY=batch), NCCL_SWEEP=1 (sharded under a few NCCL settings).
-# The device tool brings back at most 8 files per call (smoke, replicated,
-# sharded, copy_only and gate are 5): REPEAT adds 2, BATCH 3, NCCL_SWEEP 3,
-# NOGATE 1, so add one of them per call (NOGATE goes with REPEAT).
+# Files written: smoke, replicated, sharded, copy_only and gate (5); REPEAT
+# adds 2, BATCH 3, NCCL_SWEEP 3, NOGATE 1 (NOGATE goes with REPEAT).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
