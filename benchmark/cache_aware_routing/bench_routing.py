@@ -18,8 +18,13 @@ by side in one run:
   digests published every 100 ms of simulated time, encoded and decoded as on
   the wire, with the server defaults: chunk size, ``--dp-routing-max-extra-reqs``,
   ``--dp-routing-pending-ttl``); ``cache_aware_ttl0`` the same without pending
-  prefixes. Controller time counts routing and digest decoding, not the
-  ranks' digest building;
+  prefixes. The router runs in a controller process of its own (as the
+  DataParallelController is), on a CPU of its own where the machine has two
+  or more; requests reach it pickled and digests as wire payloads. Its
+  controller time counts digest decoding and routing, not unpickling the
+  request (every policy's controller pays that) nor the ranks' digest
+  building. ``--controller inline`` runs it in the simulation's process
+  instead, between the ranks' tree work, as the other policies run;
 * ``smg``: SGLang Model Gateway's ``cache_aware`` policy with its Python
   RouterArgs defaults (cache_threshold 0.3, balance_abs_threshold 64,
   balance_rel_threshold 1.5): a per-worker approximate tree of what it routed
@@ -37,9 +42,12 @@ time to first token is queueing plus ``uncached / PREFILL_TPS + host_hit /
 LOAD_TPS + OVERHEAD_S``. Load seen by the policies is the rank's requests and
 tokens still in service at the arrival time. Reported per policy: GPU and host
 prefix hit rate, prefill tokens computed, load imbalance (max/mean busy time),
-mean and p90 modeled TTFT, controller time per request (in the run, and
-isolated: the same decisions re-timed back to back after it); ratios are against
-``round_robin`` of the same run. Per workload also the *read floor*: the mean
+mean and p90 modeled TTFT, controller time per request (``ctl us``: in the
+run, paced by the arrivals; ``b2b``: the run's stream of digests and requests
+routed again back to back in a fresh router in the controller process, the
+median of 5 replays that must repeat every decision: the cost per request
+when requests queue at the controller, which bounds its throughput); ratios
+are against ``round_robin`` of the same run. Per workload also the *read floor*: the mean
 time to read a request's tokens once into a u32 array (a fresh copy of the
 prompt, as the controller unpickles it), the least any policy that hashes the
 prompt in Python pays.
@@ -74,6 +82,7 @@ LOAD_TPS = 200000.0  # host-to-device load-back, tokens per second
 OVERHEAD_S = 0.005
 DECODE_S = 0.3  # a request stays "running" (load) this long after prefill
 PUBLISH_S = 0.1
+REPLAYS = 5  # back-to-back replays of cache_aware's stream (median reported)
 
 
 # ---------------------------------------------------------------------------
@@ -186,9 +195,10 @@ class Budget:
 
 class Policy:
     name = ""
-    # Time spent inside ``choose`` on the DP ranks' behalf (building their
-    # digests), not counted as controller time.
-    rank_side_s = 0.0
+    # Policies that time their own controller work (``controller_s``) set
+    # this; the others are timed around ``choose``.
+    self_timed = False
+    controller_s = 0.0
 
     def __init__(self, ranks):
         self.ranks = ranks
@@ -239,20 +249,21 @@ class TotalTokens(Policy):
 class Ours(Policy):
     name = "cache_aware"
     pending_ttl = 2.0  # the server default (--dp-routing-pending-ttl)
+    self_timed = True
+    # Where the router runs: "process" (a controller process of its own, as
+    # the DataParallelController is) or "inline" (in the simulation's process).
+    controller = "process"
 
     def __init__(self, ranks, chunk=256, max_extra=16):
-        from sglang.srt.managers.cache_aware_router import CacheAwareRouter
         from sglang.srt.managers.prefix_digest import PrefixDigestTracker
 
         super().__init__(ranks)
         self.now = 0.0
-        self.router = CacheAwareRouter(
-            self.dp,
-            max_extra_reqs=max_extra,
-            digest_max_age=5.0,
-            pending_ttl=self.pending_ttl,
-            clock=lambda: self.now,
-        )
+        args = (self.dp, max_extra, self.pending_ttl)
+        if self.controller == "process":
+            self.router = _ControllerProcess(*args)
+        else:
+            self.router = _InlineController(*args)
         self.trackers = [PrefixDigestTracker(PAGE, chunk) for _ in ranks]
         self.chunk = chunk
         self.seq = [0] * self.dp
@@ -265,31 +276,181 @@ class Ours(Policy):
         from sglang.srt.managers.prefix_digest import CacheDigest
 
         self.now = now
+        payloads = []
         if now - self.last_publish >= PUBLISH_S:
             self.last_publish = now
             for i, (rank, tracker) in enumerate(zip(self.ranks, self.trackers)):
-                t0 = time.perf_counter()  # the rank's side: build and encode
-                gpu, host = tracker.build()
+                gpu, host = tracker.build()  # the rank's side: build and encode
                 self.seq[i] += 1
-                payload = CacheDigest(
-                    dp_rank=i,
-                    epoch=1,
-                    seq=self.seq[i],
-                    page_size=PAGE,
-                    chunk_size=self.chunk,
-                    timestamp=now,
-                    available_tokens=rank.tree.allocator.available_size()
-                    + rank.tree.cache.evictable_size(),
-                    capacity_tokens=rank.kv_tokens,
-                    gpu_hashes=gpu,
-                    host_hashes=host,
-                ).encode()
-                self.rank_side_s += time.perf_counter() - t0
-                self.router.update_digest(CacheDigest.decode(payload))
-        rank, _ = self.router.select(
-            _ReqView(req.prompt), self.budget, list(range(self.dp))
-        )
+                payloads.append(
+                    CacheDigest(
+                        dp_rank=i,
+                        epoch=1,
+                        seq=self.seq[i],
+                        page_size=PAGE,
+                        chunk_size=self.chunk,
+                        timestamp=now,
+                        available_tokens=rank.tree.allocator.available_size()
+                        + rank.tree.cache.evictable_size(),
+                        capacity_tokens=rank.kv_tokens,
+                        gpu_hashes=gpu,
+                        host_hashes=host,
+                    ).encode()
+                )
+        rank, spent = self.router.route(now, payloads, req.prompt, self.budget)
+        self.controller_s += spent
         return rank
+
+    def replay_s(self, repeats=REPLAYS):
+        """Seconds to route the same stream again back to back in a fresh
+        router (in the controller process), the median of ``repeats``
+        replays; the decisions must repeat."""
+        times = []
+        for _ in range(repeats):
+            spent, ranks = self.router.replay()
+            if ranks != self.router.ranks:
+                raise RuntimeError(f"{self.name}: the replay routed differently")
+            times.append(spent)
+        return sorted(times)[len(times) // 2]
+
+    def close(self):
+        self.router.close()
+
+
+class _InlineController:
+    """The router in the calling process. ``route`` returns the chosen rank
+    and the seconds spent decoding digests and routing; every call is logged
+    so that ``replay`` can route the same stream again in a fresh router."""
+
+    def __init__(self, dp, max_extra, pending_ttl):
+        from sglang.srt.managers.cache_aware_router import CacheAwareRouter
+
+        self.args = (dp, max_extra, pending_ttl)
+        self.dp = dp
+        self.now = 0.0
+        self.router = CacheAwareRouter(
+            dp,
+            max_extra_reqs=max_extra,
+            digest_max_age=5.0,
+            pending_ttl=pending_ttl,
+            clock=lambda: self.now,
+        )
+        self.budget = Budget(dp)
+        self.log, self.ranks = [], []
+
+    def route(self, now, payloads, prompt, budget):
+        rank, spent = self._route(
+            (now, payloads, prompt, budget.total_requests, budget.total_tokens)
+        )
+        self.ranks.append(rank)
+        return rank, spent
+
+    def _route(self, body):
+        from sglang.srt.managers.prefix_digest import CacheDigest
+
+        self.now, payloads, prompt, requests, tokens = body
+        self.log.append(body[:3] + (list(requests), list(tokens)))
+        self.budget.total_requests[:] = requests
+        self.budget.total_tokens[:] = tokens
+        t0 = time.perf_counter()
+        for payload in payloads:
+            self.router.update_digest(CacheDigest.decode(payload))
+        rank, _ = self.router.select(_ReqView(prompt), self.budget, range(self.dp))
+        return rank, time.perf_counter() - t0
+
+    def replay(self):
+        """``(seconds, ranks)`` of routing the logged stream again, back to
+        back, in a fresh router (prompts as fresh copies)."""
+        import pickle
+
+        return _replay(self.args, pickle.loads(pickle.dumps(self.log)))
+
+    def close(self):
+        pass
+
+
+def _replay(args, bodies):
+    fresh = _InlineController(*args)
+    total, ranks = 0.0, []
+    for body in bodies:
+        rank, spent = fresh._route(body)
+        total += spent
+        ranks.append(rank)
+    return total, ranks
+
+
+def _controller_main(conn, args, cpu):
+    import gc
+    import pickle
+
+    # The fork's copy of the simulation (traces, trees) is not the
+    # controller's heap: keep the garbage collector from scanning it.
+    gc.freeze()
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    inline = _InlineController(*args)
+    while True:
+        msg = conn.recv_bytes()
+        if not msg:
+            break
+        kind, body = pickle.loads(msg)
+        conn.send(inline._route(body) if kind == "route" else _replay(args, body))
+
+
+class _ControllerProcess:
+    """The router in a process of its own, as in the server: the prompt
+    arrives pickled (the controller unpickles a request before routing it,
+    whatever the policy, so that is not counted), digests arrive as wire
+    payloads. Where the machine has two or more CPUs the controller gets one
+    to itself and the simulation (the ranks' trees) the others, as a
+    controller process does not share its core with the schedulers' work."""
+
+    def __init__(self, dp, max_extra, pending_ttl):
+        import multiprocessing
+
+        cpus = sorted(os.sched_getaffinity(0))
+        self.cpus = cpus
+        cpu = cpus[-1] if len(cpus) > 1 else None
+        ctx = multiprocessing.get_context("fork")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(
+            target=_controller_main,
+            args=(child, (dp, max_extra, pending_ttl), cpu),
+            daemon=True,
+        )
+        self.proc.start()
+        if cpu is not None:
+            os.sched_setaffinity(0, set(cpus[:-1]))
+        self.log, self.ranks = [], []
+
+    def _call(self, kind, body):
+        import pickle
+
+        self.conn.send_bytes(pickle.dumps((kind, body)))
+        return self.conn.recv()
+
+    def route(self, now, payloads, prompt, budget):
+        body = (
+            now,
+            payloads,
+            prompt,
+            list(budget.total_requests),
+            list(budget.total_tokens),
+        )
+        self.log.append(body)
+        rank, spent = self._call("route", body)
+        self.ranks.append(rank)
+        return rank, spent
+
+    def replay(self):
+        return self._call("replay", self.log)
+
+    def close(self):
+        self.conn.send_bytes(b"")
+        self.proc.join(timeout=30)
+        if self.proc.is_alive():
+            self.proc.kill()
+        os.sched_setaffinity(0, set(self.cpus))
 
 
 class OursNoPending(Ours):
@@ -416,7 +577,7 @@ class Result:
     ttft: list = field(default_factory=list)
     busy: list = field(default_factory=list)
     controller_s: float = 0.0
-    isolated_s: float = 0.0
+    replay_s: float = float("nan")
     evicted: int = 0
 
     def summary(self):
@@ -432,7 +593,7 @@ class Result:
             "ttft_mean_s": sum(t) / len(t),
             "ttft_p90_s": t[int(0.9 * (len(t) - 1))],
             "controller_us_per_req": 1e6 * self.controller_s / self.requests,
-            "controller_isolated_us_per_req": 1e6 * self.isolated_s / self.requests,
+            "controller_back_to_back_us_per_req": 1e6 * self.replay_s / self.requests,
             "gpu_evicted_tokens": self.evicted,
         }
 
@@ -444,11 +605,13 @@ def simulate(policy_cls, trace, dp, kv_tokens, host_ratio):
     for req in trace:
         now = req.arrival
         policy.refresh(now)
-        rank_side = policy.rank_side_s
+        before = policy.controller_s
         t0 = time.perf_counter()
         rank = policy.choose(req, now)
         elapsed = time.perf_counter() - t0
-        res.controller_s += elapsed - (policy.rank_side_s - rank_side)
+        res.controller_s += (
+            policy.controller_s - before if policy.self_timed else elapsed
+        )
         gpu, host, uncached, ttft = ranks[rank].serve(req, now)
         events = ranks[rank].tree.cache.take_events()
         res.evicted += PAGE * sum(
@@ -464,30 +627,12 @@ def simulate(policy_cls, trace, dp, kv_tokens, host_ratio):
         res.computed += uncached
         res.ttft.append(ttft)
     res.busy = [r.busy for r in ranks]
-    res.isolated_s = isolated_controller_s(policy, trace)
+    if hasattr(policy, "replay_s"):
+        res.replay_s = policy.replay_s()
+        policy.close()
     for r in ranks:
         r.tree.cache.release_host_resources()
     return res.summary()
-
-
-def isolated_controller_s(policy, trace) -> float:
-    """The policy's decisions re-timed after the run: every request of the
-    trace again (a fresh copy of its prompt, as the controller unpickles it),
-    back to back at the last arrival time, with no rank work in between (in
-    the simulation the ranks' tree work between requests leaves the
-    controller's code and data cold, which a controller process does not
-    share)."""
-    import pickle
-
-    now = trace[-1].arrival
-    total = 0.0
-    for req in trace:
-        fresh = Request(req.rid, now, pickle.loads(pickle.dumps(req.prompt)), [])
-        side = policy.rank_side_s
-        t0 = time.perf_counter()
-        policy.choose(fresh, now)
-        total += time.perf_counter() - t0 - (policy.rank_side_s - side)
-    return total
 
 
 def main():
@@ -498,9 +643,16 @@ def main():
     ap.add_argument("--utilization", type=float, default=0.7)
     ap.add_argument("--out", default=str(HERE / "results"))
     ap.add_argument(
+        "--controller",
+        choices=("process", "inline"),
+        default="process",
+        help="where cache_aware's router runs (see the module docstring)",
+    )
+    ap.add_argument(
         "--kv-tokens", type=int, default=None, help="device KV tokens per rank"
     )
     args = ap.parse_args()
+    Ours.controller = args.controller
 
     n_req = 300 if args.quick else 2000
     kv_tokens = args.kv_tokens or (4096 if args.quick else 8192)
@@ -549,6 +701,7 @@ def main():
             "load_tps": LOAD_TPS,
             "utilization_target": args.utilization,
             "seed": args.seed,
+            "controller": args.controller,
         },
         "runs": runs,
     }
@@ -578,8 +731,7 @@ def _print(dp, workload, rows, floor_us):
     head = (
         f"{'policy':<15}{'gpu hit':>8}{'host hit':>9}{'prefill tok':>12}{'vs rr':>7}"
         f"{'imbal':>7}{'ttft mean':>10}{'vs rr':>7}{'ttft p90':>9}{'vs rr':>7}{'ctl us':>8}"
-        f"{'isol':>6}"
-        f"{'evicted':>9}"
+        f"{'b2b':>6}{'evicted':>9}"
     )
     print(head)
     for r in rows:
@@ -588,7 +740,8 @@ def _print(dp, workload, rows, floor_us):
             f"{r['prefill_tokens']:>12d}{r['prefill_tokens_vs_rr']:>7.2f}"
             f"{r['imbalance']:>7.2f}{r['ttft_mean_s']:>10.3f}{r['ttft_mean_s_vs_rr']:>7.2f}"
             f"{r['ttft_p90_s']:>9.3f}{r['ttft_p90_s_vs_rr']:>7.2f}"
-            f"{r['controller_us_per_req']:>8.0f}{r['controller_isolated_us_per_req']:>6.0f}"
+            f"{r['controller_us_per_req']:>8.0f}"
+            f"{r['controller_back_to_back_us_per_req']:>6.0f}"
             f"{r['gpu_evicted_tokens']:>9d}"
         )
 

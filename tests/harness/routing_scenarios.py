@@ -617,7 +617,7 @@ def pending_cases(rank, world_size, ttl=1.0):
         return landed, how[0] if len(how) == 1 else how
 
     def pending_sizes():
-        return [len(x) for x in router.pending]
+        return [router.pending.size(r) for r in range(dp)]
 
     try:
         write_loads(handle.port_args, [(0, 0, 0)] * dp)
@@ -656,10 +656,10 @@ def pending_cases(rank, world_size, ttl=1.0):
         out["after_ttl"] = go("e2", q + _prompt(73, 4))
         # A restarted rank (new epoch) drops what was pending on it.
         restarted, _ = go("r0", _prompt(80, 48))
-        out["pending_before_restart"] = len(router.pending[restarted])
+        out["pending_before_restart"] = router.pending.size(restarted)
         sender.send(restarted, epoch=9, seq=1)
         sender.settle()
-        out["pending_after_restart"] = len(router.pending[restarted])
+        out["pending_after_restart"] = router.pending.size(restarted)
         out["stats"] = dict(router.stats)
         return out
     finally:

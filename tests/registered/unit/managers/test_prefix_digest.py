@@ -345,5 +345,79 @@ class TestDigestTracker(unittest.TestCase):
                 self.assertEqual(tracker.build(), (b"", b""))
 
 
+class TestDigestIndex(unittest.TestCase):
+    def test_one_walk_for_all_ranks_equals_each_rank_and_its_tree(self):
+        """The router's walk (every rank at once, from ``DigestIndex``) gives
+        each rank what the single-rank walk and the rank's own tree give,
+        while the trees insert, evict to host and evict; with pending keys on
+        some ranks it equals the single-rank walk with those keys."""
+        from sglang.srt.managers.prefix_digest import (
+            DigestIndex,
+            PrefixDigestTracker,
+            RequestChunks,
+            RequestNamespace,
+            estimate_prefix_match,
+            estimate_prefix_matches,
+            unpack_hashes,
+        )
+
+        page, chunk, dp = 4, 8, 6
+        rng = random.Random(23)
+        trees, trackers = [], []
+        for r in range(dp):
+            tree = build_tree(page, "python", kv_size=256)
+            if r % 2:
+                enable_hicache(tree)
+            tree.cache.take_events()
+            trees.append(tree)
+            trackers.append(PrefixDigestTracker(page_size=page, chunk_size=chunk))
+        index = DigestIndex()
+        prompts = [[rng.randrange(50) for _ in range(24)] for _ in range(4)]
+        seqs = []
+        for step in range(80):
+            r = rng.randrange(dp)
+            seq = rng.choice(prompts) + [rng.randrange(1000) for _ in range(20)]
+            seqs.append(seq)
+            insert(trees[r], seq)
+            if step % 5 == 0:
+                evict(trees[r], rng.randrange(16, 160))
+            trackers[r].apply(trees[r].cache.take_events())
+            sets = [tuple(unpack_hashes(b) for b in t.build()) for t in trackers]
+            index.update(r, *sets[r])
+            fresh = DigestIndex()
+            for q in range(dp):
+                fresh.update(q, *sets[q])
+            self.assertEqual((index.gpu, index.host), (fresh.gpu, fresh.host))
+            for probe in rng.sample(seqs, min(3, len(seqs))):
+                chunks = RequestChunks(probe + [7], page, chunk, RequestNamespace())
+                ranks = rng.randrange(1, 1 << dp)
+                pending = {}
+                if step % 3 == 0:
+                    for key in rng.sample(chunks.keys, min(2, len(chunks.keys))):
+                        pending[key] = rng.randrange(1 << dp)
+                got = estimate_prefix_matches(chunks, index, ranks, pending)
+                self.assertEqual(sorted(got), [q for q in range(dp) if ranks >> q & 1])
+                for q, m in got.items():
+                    keys = {k for k, mask in pending.items() if mask >> q & 1}
+                    one = estimate_prefix_match(chunks, *sets[q], keys)
+                    with self.subTest(step=step, rank=q):
+                        self.assertEqual(
+                            (m.gpu_len, m.total_len), (one.gpu_len, one.total_len)
+                        )
+                        if not keys:
+                            tm = match(trees[q], probe + [7])
+                            device = tm.device_prefix_len
+                            self.assertEqual(
+                                (m.gpu_len, m.total_len),
+                                (
+                                    _floor(device, chunk),
+                                    _floor(device + tm.host_hit_length, chunk),
+                                ),
+                            )
+        for q in range(dp):
+            index.remove(q)
+        self.assertEqual((index.gpu, index.host), ({}, {}))
+
+
 if __name__ == "__main__":
     unittest.main()
