@@ -1,5 +1,6 @@
 """What every benchmark's JSON records about its run: the command line, the git
-revision and the machine (no paths)."""
+revision, the series label (the wheel's local version label for the committed
+patches) and the machine (no paths)."""
 
 from __future__ import annotations
 
@@ -24,10 +25,24 @@ def git_revision() -> str:
         return "unknown"
 
 
+def series_label() -> str:
+    """The local version label ``make wheel`` gives the series as committed."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from build_wheel import default_label
+
+        return default_label()
+    except Exception:
+        return "unknown"
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+
+
 def run_metadata() -> dict:
     return {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "git_revision": git_revision(),
+        "series_label": series_label(),
         "machine": {
             "platform": platform.platform(),
             "processor": platform.processor() or platform.machine(),
