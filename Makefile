@@ -4,6 +4,7 @@
 #   make test             # .venv with the CPU deps + the built wheel, lint, pytest
 #   make serve-cpu        # the patched server on CPU (tiny local model), foreground
 #   make drift VERSION=X  # how each patch applies to release X (clean/offset/fuzz/conflict)
+#   make rebase VERSION=X # carry the series to release X (git 3-way merge; new series + pin)
 #
 # Variables: PYTHON (the interpreter whose tag the wheel gets), PYTHON_TAG and
 # WHEEL_PLATFORM (cross-target, e.g. cp312 / manylinux_2_34_aarch64), LABEL
@@ -19,7 +20,7 @@ export PYTHON_TAG WHEEL_PLATFORM LABEL FORCE GROUP
 PORT ?= 30000
 SERVER_ARGS ?=
 
-.PHONY: all sysdeps fetch apply refresh wheel venv install model serve-cpu test lint pytest check-series drift pr clean distclean
+.PHONY: all sysdeps fetch apply refresh wheel venv install model serve-cpu test lint pytest check-series drift rebase rebase-continue rebase-abort pr clean distclean
 
 all: wheel
 
@@ -95,12 +96,24 @@ check-series: fetch
 	$(PYTHON) scripts/series.py check-quilt build/check/quilt
 	@echo "series applies with patch -p1 --fuzz=0 and quilt push -a"
 
-# Extract one feature group as an upstream PR into build/pr/<feature>/.
 # How the series applies to another release (scratch tree; nothing changes).
 drift:
 	@test -n "$(VERSION)" || { echo "usage: make drift VERSION=<sglang release>" >&2; exit 2; }
 	$(PYTHON) scripts/drift.py $(VERSION)
 
+# Carry the series to release X with git's 3-way merge (build/rebase/); stops
+# at a conflict; writes patches/ and the pin only over committed files.
+rebase:
+	@test -n "$(VERSION)" || { echo "usage: make rebase VERSION=<sglang release>" >&2; exit 2; }
+	$(PYTHON) scripts/rebase.py $(VERSION)
+
+rebase-continue:
+	$(PYTHON) scripts/rebase.py --continue
+
+rebase-abort:
+	$(PYTHON) scripts/rebase.py --abort
+
+# Extract one feature group as an upstream PR into build/pr/<feature>/.
 pr:
 	@test -n "$(FEATURE)" || { echo "usage: make pr FEATURE=<series group>" >&2; exit 2; }
 	$(PYTHON) scripts/make_pr.py $(FEATURE)

@@ -262,6 +262,44 @@ def _swap_in(new: Path, dest: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def am_strict(tree: Path, patch_file: Path) -> list[str]:
+    """Commit one patch onto ``tree`` with ``git am`` if it applies at zero
+    fuzz and zero offset; returns the problems (empty: committed)."""
+    problems = strict_problems(tree, patch_file)
+    if problems:
+        return problems
+    proc = subprocess.run(
+        [
+            "git",
+            "-C",
+            str(tree),
+            "am",
+            "-q",
+            "--keep-non-patch",
+            "--no-3way",
+            "--whitespace=nowarn",
+            str(patch_file.resolve()),
+        ],
+        capture_output=True,
+        text=True,
+        env=git_env(),
+    )
+    if proc.returncode != 0:
+        git(tree, "am", "--abort", check=False)
+        return [proc.stderr.strip() or proc.stdout.strip()]
+    return []
+
+
+def apply_series(tree: Path, series: list[str]):
+    """Commit the series onto ``tree`` in order; ``(index, name, problems)``
+    of the first patch that does not apply strictly, else None."""
+    for index, name in enumerate(series, 1):
+        problems = am_strict(tree, PATCHES / name)
+        if problems:
+            return index, name, problems
+    return None
+
+
 def apply(force: bool = False) -> Path:
     series = read_series()
     _check_files(series)
@@ -272,33 +310,7 @@ def apply(force: bool = False) -> Path:
     if tmp.exists():
         shutil.rmtree(tmp)
     init_tree(pristine, wheel.name, tmp)
-    failure = None
-    for index, name in enumerate(series, 1):
-        patch_file = PATCHES / name
-        problems = strict_problems(tmp, patch_file)
-        if problems:
-            failure = (index, name, problems)
-            break
-        proc = subprocess.run(
-            [
-                "git",
-                "-C",
-                str(tmp),
-                "am",
-                "-q",
-                "--keep-non-patch",
-                "--no-3way",
-                "--whitespace=nowarn",
-                str(patch_file.resolve()),
-            ],
-            capture_output=True,
-            text=True,
-            env=git_env(),
-        )
-        if proc.returncode != 0:
-            git(tmp, "am", "--abort", check=False)
-            failure = (index, name, [proc.stderr.strip() or proc.stdout.strip()])
-            break
+    failure = apply_series(tmp, series)
     _swap_in(tmp, SRC)
     if failure:
         index, name, problems = failure
