@@ -318,17 +318,13 @@ class _DigestSender:
         self.settle()
 
     def chunks(self, prompts, **ns):
-        from sglang.srt.managers.prefix_digest import (
-            RequestNamespace,
-            chunk_hashes,
-            request_page_hashes,
-        )
+        from sglang.srt.managers.prefix_digest import RequestChunks, RequestNamespace
 
         out = set()
         for p in prompts:
-            pages = request_page_hashes(p, self.page_size, RequestNamespace.of(**ns))
+            namespace = RequestNamespace.of(**ns)
             out.update(
-                h for _, h in chunk_hashes(pages, self.page_size, self.chunk_size)
+                RequestChunks(p, self.page_size, self.chunk_size, namespace).keys
             )
         return out
 

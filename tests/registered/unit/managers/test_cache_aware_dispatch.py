@@ -130,11 +130,10 @@ class TestPendingPrefixes(unittest.TestCase):
         # 6 shared chunks + the last chunk of each of the 3 requests.
         self.assertEqual(self.out["pending_after_burst"][first], 9)
         self.assertEqual(self.out["pending_after_empty_digest"][first], 9)
-        # The digest showing the first request's prompt confirms the 6 shared
-        # chunks (hashed while the burst followed them); its last chunk was
-        # never hashed (pending is matched by chunk key) and waits for the
-        # TTL, as do the other two requests' last chunks.
-        self.assertEqual(self.out["pending_after_confirm"][first], 3)
+        # The digest showing the first request's prompt confirms its 7
+        # chunks (the digest holds chunk keys, the keys pending are stored
+        # by); the other two requests' last chunks wait for the TTL.
+        self.assertEqual(self.out["pending_after_confirm"][first], 2)
 
     def test_expires_after_the_ttl(self):
         rank, how = self.out["expiring"]

@@ -62,67 +62,85 @@ class TestDigestHashes(unittest.TestCase):
             ours = [d.hex() for d in page_hash_digests(tokens, page_size)]
             self.assertEqual(ours, get_hash_str(full, None, page_size))
 
-    def test_lazy_chunk_hashes_equal_eager(self):
+    def test_tracker_keys_equal_request_keys(self):
+        # The keys a rank derives from its tree's events (parents, token ids)
+        # are the keys the controller computes from a request's tokens, on
+        # both tree cores, page sizes and namespaces; prefixes branching
+        # inside a chunk and pages with a non-u32 token included.
         from sglang.srt.managers.prefix_digest import (
+            PrefixDigestTracker,
+            RequestChunks,
             RequestNamespace,
-            chunk_hashes,
-            iter_request_chunk_hashes,
-            request_page_hashes,
+            tree_extra_key,
+            unpack_hashes,
         )
 
+        lora_id = "0123456789abcdef0123456789abcdef"
+        named = tree_extra_key(None, lora_id)
+        spaces = (
+            {},
+            {"cache_salt": "tenant-a"},
+            {"extra_key": "plain-key"},
+            {"lora_id": lora_id, "lora_name": "adapter-x"},
+        )
         rng = random.Random(3)
-        tokens = [rng.randrange(0, 150000) for _ in range(203)]
-        for ns in (
-            RequestNamespace(),
-            RequestNamespace.of(cache_salt="s"),
-            RequestNamespace.of(lora_id="a" * 32, lora_name="x"),
-        ):
-            for page, chunk in ((1, 1), (4, 8), (16, 64)):
-                for toks in (tokens, tokens[:100] + [2**33] + tokens[100:]):
-                    eager = chunk_hashes(
-                        request_page_hashes(toks, page, ns), page, chunk
+        for backend in BACKENDS:
+            for page, chunk in ((1, 8), (4, 16), (16, 32)):
+                tree = build_tree(
+                    page, backend, kv_size=1 << 14, lora_names={named: "adapter-x"}
+                )
+                tree.cache.take_events()
+                tracker = PrefixDigestTracker(page_size=page, chunk_size=chunk)
+                want = set()
+                base = [rng.randrange(1, 150000) for _ in range(3 * chunk)]
+                for trial in range(12):
+                    ns = spaces[trial % len(spaces)]
+                    cut = rng.randrange(len(base))
+                    seq = base[:cut] + [
+                        rng.randrange(1, 150000) for _ in range(rng.randrange(90))
+                    ]
+                    if trial % 5 == 4:
+                        seq[rng.randrange(len(seq))] = 2**33
+                    insert(
+                        tree,
+                        seq,
+                        cache_salt=ns.get("cache_salt"),
+                        extra_key=tree_extra_key(
+                            ns.get("extra_key"), ns.get("lora_id")
+                        ),
                     )
-                    lazy = list(iter_request_chunk_hashes(toks, page, chunk, ns))
-                    self.assertEqual(lazy, eager)
-        self.assertEqual(list(iter_request_chunk_hashes([1, 2, 3], 4, 8, ns)), [])
+                    tracker.apply(tree.cache.take_events())
+                    wide = [i for i, t in enumerate(seq) if t >= 2**32]
+                    usable = seq[: wide[0]] if wide else seq
+                    want.update(
+                        RequestChunks(
+                            usable, page, chunk, RequestNamespace.of(**ns)
+                        ).keys
+                    )
+                with self.subTest(backend=backend, page=page):
+                    self.assertEqual(unpack_hashes(tracker.build()[0]), want)
+        self.assertEqual(
+            RequestChunks([1] * 7 + [2**33], 1, 4, RequestNamespace()).keys, []
+        )
 
-    def test_chunk_hash_cache_changes_no_hash(self):
-        # Shared and extended prefixes (a conversation's turns), namespaces
-        # and geometries through one small cache (evicting as it goes) give
-        # the uncached hashes; a hit skips the SHA-256 of the chunk's pages.
+    def test_one_sha256_per_chunk(self):
+        # The controller's cost per request does not grow with 1 / page size:
+        # one SHA-256 for the first page and one per chunk.
         from unittest import mock
 
         from sglang.srt.managers import prefix_digest as pd
 
-        rng = random.Random(5)
-        cache = pd.ChunkHashCache(max_entries=40)
-        prev = []
-        for trial in range(120):
-            toks = [rng.randrange(1, 150000) for _ in range(rng.randrange(0, 900))]
-            if trial % 2:
-                toks = prev[: rng.randrange(len(prev) + 1)] + toks[:100]
-            if trial % 9 == 0 and toks:
-                toks[rng.randrange(len(toks))] = 2**33
-            prev = toks
-            ns = pd.RequestNamespace(
-                cache_salt=rng.choice([None, "s"]),
-                extra_key=rng.choice([None, "a" * 32]),
-            )
-            page = rng.choice([1, 4, 16])
-            chunk = page * rng.choice([1, 4, 16])
-            plain = list(pd.iter_request_chunk_hashes(toks, page, chunk, ns))
-            for _ in range(2):
-                cached = list(
-                    pd.iter_request_chunk_hashes(toks, page, chunk, ns, cache)
-                )
-                self.assertEqual(cached, plain, trial)
-        self.assertLessEqual(len(cache.entries), 40)
-        toks = [rng.randrange(1, 150000) for _ in range(64)]
-        ns = pd.RequestNamespace()
-        list(pd.iter_request_chunk_hashes(toks, 4, 16, ns, cache))
-        with mock.patch.object(pd.hashlib, "sha256", side_effect=AssertionError):
-            hit = list(pd.iter_request_chunk_hashes(toks, 4, 16, ns, cache))
-        self.assertEqual(hit, list(pd.iter_request_chunk_hashes(toks, 4, 16, ns)))
+        calls = []
+        real = pd.hashlib.sha256
+
+        def counted(*args):
+            calls.append(1)
+            return real(*args)
+
+        tokens = list(range(1, 1030))
+        with mock.patch.object(pd.hashlib, "sha256", side_effect=counted):
+            keys = pd.RequestChunks(tokens, 1, 256, pd.RequestNamespace()).keys
+        self.assertEqual((len(keys), len(calls)), (4, 5))
 
     def test_lora_namespace_matches_events(self):
         from sglang.srt.managers.prefix_digest import (
