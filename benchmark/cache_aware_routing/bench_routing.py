@@ -530,9 +530,20 @@ class Dynamo(Policy):
 
         super().__init__(ranks)
         self.trackers = [PrefixDigestTracker(PAGE, PAGE) for _ in ranks]
+        self.sets = [None] * len(ranks)
 
     def on_events(self, rank, events, now):
         self.trackers[rank].apply(events)
+
+    def _block_sets(self, i):
+        """Rank ``i``'s (GPU, host) block keys, unpacked again only when
+        its tracker rebuilt them."""
+        from sglang.srt.managers.prefix_digest import unpack_hashes
+
+        built = self.trackers[i].build()
+        if self.sets[i] is None or self.sets[i][0] is not built:
+            self.sets[i] = (built, unpack_hashes(built[0]), unpack_hashes(built[1]))
+        return self.sets[i][1:]
 
     def choose(self, req, now):
         from sglang.srt.managers.prefix_digest import (
@@ -544,8 +555,8 @@ class Dynamo(Policy):
         chunks = RequestChunks(req.prompt, PAGE, PAGE, RequestNamespace())
         blocks = len(req.prompt) / PAGE
         best, best_cost = 0, None
-        for i, tracker in enumerate(self.trackers):
-            m = estimate_prefix_match(chunks, tracker._gpu, tracker._host)
+        for i in range(self.dp):
+            m = estimate_prefix_match(chunks, *self._block_sets(i))
             overlap = (m.gpu_len + self.host_weight * m.host_len) / PAGE
             # Prefill work still queued on the rank, and KV blocks of its
             # running requests, both in blocks.
