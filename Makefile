@@ -20,7 +20,7 @@ export PYTHON_TAG WHEEL_PLATFORM LABEL FORCE GROUP
 PORT ?= 30000
 SERVER_ARGS ?=
 
-.PHONY: all sysdeps fetch apply refresh wheel venv install model serve-cpu test lint pytest check-series drift rebase rebase-continue rebase-abort pr clean distclean
+.PHONY: all sysdeps fetch apply refresh wheel venv install model serve-cpu test lint pytest check-series drift rebase rebase-continue rebase-abort series-table pr clean distclean
 
 all: wheel
 
@@ -112,6 +112,11 @@ rebase-continue:
 
 rebase-abort:
 	$(PYTHON) scripts/rebase.py --abort
+
+# The README's series table, from the patch headers.
+series-table:
+	$(PYTHON) scripts/headers.py check
+	$(PYTHON) scripts/headers.py table
 
 # Extract one feature group as an upstream PR into build/pr/<feature>/.
 pr:

@@ -6,7 +6,7 @@
 Writes build/pr/<feature>/:
   * NNNN-*.patch: the group's patches in upstream's repository layout
     (``python/sglang/...``), git-am-able, without this series' own
-    Upstream-Status / Remove-When fields;
+    Upstream-Status / Related / Remove-When fields;
   * tests/: the feature's registered tests (files under tests/registered whose
     module docstring or name mentions the feature's test prefix, see
     FEATURE_TESTS) laid out as upstream's ``test/registered/...``;
@@ -34,6 +34,7 @@ from common import (  # noqa: E402
     read_series,
     run_main,
 )
+from headers import patch_header  # noqa: E402
 
 import upstream  # noqa: E402
 
@@ -49,7 +50,7 @@ FEATURE_TESTS = {
 # A field runs on over its continuation lines (indented or not) up to a blank
 # line, the next field, or the diff.
 _DROP_FIELDS = re.compile(
-    r"(?m)^(Upstream-Status|Remove-When):.*\n"
+    r"(?m)^(Upstream-Status|Related|Remove-When):.*\n"
     r"(?:(?![\w-]+:\s)(?!diff --git )(?!---).+\n)*"
 )
 
@@ -65,11 +66,6 @@ def to_upstream_layout(text: str) -> str:
     return text
 
 
-def _section(body: str, name: str) -> str:
-    m = re.search(rf"(?ms)^{name}:\s*(.*?)(?=^\w[\w-]*:\s|\Z)", body)
-    return m.group(1).strip() if m else ""
-
-
 def make_pr(feature: str) -> Path:
     entries = [e for e in read_series() if e.startswith(feature + "/")]
     if not entries:
@@ -81,16 +77,16 @@ def make_pr(feature: str) -> Path:
     if out.exists():
         shutil.rmtree(out)
     (out / "tests").mkdir(parents=True)
-    motivation, modifications = [], []
+    motivation, modifications, related = [], [], []
     for name in entries:
         text = to_upstream_layout((PATCHES / name).read_text())
         (out / Path(name).name).write_text(text)
-        head, _, _ = text.partition("\ndiff --git ")
-        subject = re.search(r"(?m)^Subject: \[PATCH\] (.*(?:\n .*)*)", head).group(1)
-        subject = " ".join(subject.split())
-        body = head.split("\n\n", 1)[1] if "\n\n" in head else ""
-        motivation.append(f"- {subject}: {' '.join(_section(body, 'Why').split())}")
-        modifications.append(f"- {subject}: {' '.join(_section(body, 'How').split())}")
+        header = patch_header((PATCHES / name).read_text())
+        subject = header["Subject"]
+        motivation.append(f"- {subject}: {' '.join(header.get('Why', '').split())}")
+        modifications.append(f"- {subject}: {' '.join(header.get('How', '').split())}")
+        if header.get("Related"):
+            related.append(f"- {subject}: {' '.join(header['Related'].split())}")
     tests = []
     for pattern in FEATURE_TESTS.get(feature, []):
         for path in sorted((ROOT / "tests" / "registered").glob(pattern)):
@@ -109,6 +105,7 @@ def make_pr(feature: str) -> Path:
     (out / "PR.md").write_text(
         "## Motivation\n\n" + "\n".join(motivation) + "\n\n"
         "## Modifications\n\n" + "\n".join(modifications) + "\n\n"
+        "Related:\n\n" + "\n".join(related) + "\n\n"
         "## Accuracy Tests\n\n" + "\n".join(f"- `{t}`" for t in tests) + "\n\n"
         "The tests use this series' CPU harness and test-only stand-ins "
         "(tests/support/: `harness`, `standins`); upstreaming moves them under "
