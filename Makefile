@@ -9,7 +9,8 @@
 # Variables: PYTHON (the interpreter whose tag the wheel gets), PYTHON_TAG and
 # WHEEL_PLATFORM (cross-target, e.g. cp312 / manylinux_2_34_aarch64), LABEL
 # (local version label), FORCE=1 (apply over unexported work), GROUP (refresh:
-# the series group new commits go to), FEATURE (pr), PYTEST_ARGS, PORT and
+# the series group new commits go to), FEATURE (pr; PR_AUTHOR="Name <email>"),
+# PYTEST_ARGS, PORT and
 # SERVER_ARGS (serve-cpu).
 
 PYTHON ?= python3

@@ -17,6 +17,7 @@ pristine wheel laid out under ``python/``.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -35,6 +36,7 @@ from common import (  # noqa: E402
     run_main,
 )
 from headers import patch_header  # noqa: E402
+from pr_bench import benchmark_section  # noqa: E402
 
 import upstream  # noqa: E402
 
@@ -55,8 +57,10 @@ _DROP_FIELDS = re.compile(
 )
 
 
-def to_upstream_layout(text: str) -> str:
+def to_upstream_layout(text: str, author: str | None = None) -> str:
     text = _DROP_FIELDS.sub("", text)
+    if author:
+        text = re.sub(r"(?m)^From: .*$", lambda _: f"From: {author}", text, count=1)
     text = re.sub(
         r"(?m)^(diff --git a/)sglang/(\S+) b/sglang/",
         r"\1python/sglang/\2 b/python/sglang/",
@@ -66,7 +70,7 @@ def to_upstream_layout(text: str) -> str:
     return text
 
 
-def make_pr(feature: str) -> Path:
+def make_pr(feature: str, author: str | None = None) -> Path:
     entries = [e for e in read_series() if e.startswith(feature + "/")]
     if not entries:
         groups = sorted({e.split("/")[0] for e in read_series()})
@@ -79,7 +83,7 @@ def make_pr(feature: str) -> Path:
     (out / "tests").mkdir(parents=True)
     motivation, modifications, related = [], [], []
     for name in entries:
-        text = to_upstream_layout((PATCHES / name).read_text())
+        text = to_upstream_layout((PATCHES / name).read_text(), author)
         (out / Path(name).name).write_text(text)
         header = patch_header((PATCHES / name).read_text())
         subject = header["Subject"]
@@ -110,8 +114,13 @@ def make_pr(feature: str) -> Path:
         "The tests use this series' CPU harness and test-only stand-ins "
         "(tests/support/: `harness`, `standins`); upstreaming moves them under "
         "`python/sglang/test/`.\n\n"
-        "## Benchmark & Profiling\n\nSee the series README (benchmark/ results).\n\n"
-        "## Checklist\n\n- [x] Format your code with pre-commit\n- [x] Add unit tests\n"
+        "## Benchmarking and Profiling\n\n" + benchmark_section(feature) + "\n"
+        "## Checklist\n\n"
+        "- [x] Format your code with pre-commit (black, isort, ruff, codespell)\n"
+        "- [x] Add unit tests (above)\n"
+        "- [ ] Update documentation (server arguments / environment variables)\n"
+        "- [x] Provide accuracy and speed benchmark results (above)\n"
+        "- [x] Follow the SGLang code style guidance\n"
     )
     _check(out, entries)
     print(f"wrote {out} ({len(entries)} patches, {len(tests)} test files)")
@@ -145,8 +154,14 @@ def _apply(repo: Path, patch: str, name: str) -> None:
 
 def main() -> None:
     if len(sys.argv) != 2:
-        raise ToolError("usage: make_pr.py <feature group>")
-    make_pr(sys.argv[1])
+        raise ToolError("usage: make_pr.py <feature group>  (author: $PR_AUTHOR)")
+    author = os.environ.get("PR_AUTHOR") or None
+    if author and not re.fullmatch(r"[^<>\n]+ <[^<>@\s]+@[^<>\s]+>", author):
+        raise ToolError(
+            f"PR_AUTHOR={author!r}: give it as 'Name <email>' (the extracted "
+            "patches' From: line)"
+        )
+    make_pr(sys.argv[1], author)
 
 
 if __name__ == "__main__":
