@@ -11,8 +11,9 @@ Writes build/pr/<feature>/:
     module docstring or name mentions the feature's test prefix, see
     FEATURE_TESTS) laid out as upstream's ``test/registered/...``;
   * PR.md: a description in upstream's PR template built from the headers.
-The rewritten patches are checked with ``git apply --check`` against the
-pristine wheel laid out under ``python/``.
+The patches are re-cut against the pinned wheel alone (``carry_alone``: a
+group that needs another group's lines is refused) and checked with
+``patch -p1 --fuzz=0`` alone on the pristine wheel laid out under ``python/``.
 """
 
 from __future__ import annotations
@@ -31,13 +32,14 @@ from common import (  # noqa: E402
     PATCHES,
     ROOT,
     ToolError,
-    git_env,
+    git,
     read_series,
     run_main,
 )
 from headers import patch_header  # noqa: E402
 from pr_bench import benchmark_section  # noqa: E402
 
+import series as series_mod  # noqa: E402
 import upstream  # noqa: E402
 
 # Registered test files of each feature (globs under tests/registered).
@@ -82,8 +84,9 @@ def make_pr(feature: str, author: str | None = None) -> Path:
         shutil.rmtree(out)
     (out / "tests").mkdir(parents=True)
     motivation, modifications, related = [], [], []
+    alone = carry_alone(entries)
     for name in entries:
-        text = to_upstream_layout((PATCHES / name).read_text(), author)
+        text = to_upstream_layout(alone[name], author)
         (out / Path(name).name).write_text(text)
         header = patch_header((PATCHES / name).read_text())
         subject = header["Subject"]
@@ -127,29 +130,70 @@ def make_pr(feature: str, author: str | None = None) -> Path:
     return out
 
 
+def carry_alone(entries: list[str]) -> dict[str, str]:
+    """The group's patches re-cut against the pristine wheel alone: the whole
+    series is committed onto pristine (as ``make apply`` does), then the
+    group's commits are cherry-picked onto pristine in order (git's 3-way
+    merge). A conflict means the group uses lines of an earlier group
+    (refused, naming the patch); otherwise the exported patches apply to
+    pristine 0.5.23 at zero fuzz and zero offset by construction."""
+    wheel, pristine = upstream.prepare()
+    series = read_series()
+    with tempfile.TemporaryDirectory(dir=BUILD) as tmp:
+        repo = Path(tmp) / "src"
+        series_mod.init_tree(pristine, wheel.name, repo)
+        failure = series_mod.apply_series(repo, series)
+        if failure:
+            index, name, problems = failure
+            raise ToolError(
+                f"the series does not apply ({name}):\n  " + "\n  ".join(problems)
+            )
+        commits = dict(
+            zip(series, git(repo, "rev-list", "--reverse", "upstream..HEAD").split())
+        )
+        git(repo, "checkout", "-q", "-b", "alone", "upstream")
+        out = {}
+        for name in entries:
+            git(repo, "cherry-pick", commits[name], check=False)
+            if git(
+                repo, "rev-parse", "-q", "--verify", "CHERRY_PICK_HEAD", check=False
+            ):
+                files = git(repo, "diff", "--name-only", "--diff-filter=U").split()
+                raise ToolError(
+                    f"patches/{name} does not apply without the groups before it "
+                    f"(git's merge conflicts in {', '.join(files) or 'the tree'}): "
+                    "it uses lines another group adds; re-cut it so that each "
+                    "group stands alone on the pinned release"
+                )
+            out[name] = series_mod.export_commit(repo, "HEAD")
+    return out
+
+
 def _check(out: Path, entries: list[str]) -> None:
-    """git apply the rewritten series (and the groups before it) on the
-    pristine wheel laid out under python/."""
+    """``patch -p1 --fuzz=0`` the extracted patches, alone, onto the pristine
+    wheel laid out under python/: every hunk at its recorded line."""
     _, pristine = upstream.prepare()
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp)
         shutil.copytree(pristine / "sglang", repo / "python" / "sglang", symlinks=True)
-        for name in read_series():
-            if name in entries:
-                break
-            patch = to_upstream_layout((PATCHES / name).read_text())
-            _apply(repo, patch, name)
         for name in entries:
-            _apply(repo, (out / Path(name).name).read_text(), name)
+            _apply(repo, out / Path(name).name, name)
 
 
-def _apply(repo: Path, patch: str, name: str) -> None:
-    args = ["git", "apply", "--whitespace=nowarn", "-"]
+def _apply(repo: Path, patch: Path, name: str) -> None:
     proc = subprocess.run(
-        args, cwd=repo, input=patch, capture_output=True, text=True, env=git_env()
+        ["patch", "-p1", "--fuzz=0", "--batch", "--forward", "-i", str(patch)],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "LC_ALL": "C"},
     )
-    if proc.returncode != 0:
-        raise ToolError(f"{name} does not apply in the upstream layout:\n{proc.stderr}")
+    output = proc.stdout + proc.stderr
+    if proc.returncode != 0 or series_mod._BAD.search(output):
+        raise ToolError(
+            f"{name} does not apply alone to the pinned release in the upstream "
+            f"layout at zero fuzz and offset:\n{output}"
+        )
 
 
 def main() -> None:

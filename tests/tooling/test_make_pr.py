@@ -56,3 +56,77 @@ def test_every_group_gets_a_benchmark_section(sandbox):
         pr = (tmp / "build" / "pr" / group / "PR.md").read_text()
         bench = pr.split("## Benchmarking and Profiling")[1].split("## Checklist")[0]
         assert "results/" in bench and "|---|" in bench, group
+
+
+def _apply_alone(tmp_path, patches):
+    """patch -p1 --fuzz=0 each file onto pristine under python/; outputs."""
+    import shutil
+    import subprocess
+
+    pristine = next((ROOT / "build" / "upstream").glob("sglang-0.5.23-*"))
+    tree = tmp_path / "alone"
+    shutil.copytree(pristine / "sglang", tree / "python" / "sglang", symlinks=True)
+    outputs = []
+    for patch in patches:
+        proc = subprocess.run(
+            ["patch", "-p1", "--fuzz=0", "--batch", "-i", str(patch)],
+            cwd=tree,
+            capture_output=True,
+            text=True,
+            env={"LC_ALL": "C", "PATH": "/usr/bin:/bin"},
+        )
+        outputs.append((proc.returncode, proc.stdout + proc.stderr))
+    return outputs
+
+
+def test_each_group_applies_alone_at_its_recorded_lines(sandbox, tmp_path):
+    tmp, env = sandbox
+    for group in ("hicache-rank-shard", "cache-aware-routing", "decode-hicache"):
+        proc = run_script("make_pr.py", group, env=env)
+        assert proc.returncode == 0, proc.stderr
+        out = tmp / "build" / "pr" / group
+        patches = sorted(out.glob("*.patch"))
+        assert patches
+        for code, output in _apply_alone(tmp_path / group, patches):
+            assert code == 0 and "offset" not in output and "fuzz" not in output, (
+                group,
+                output,
+            )
+
+
+DEPENDENT = """From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001
+From: SGLang patch series <sglang-patches@users.noreply.github.com>
+Date: Thu, 1 Jan 2026 00:00:00 +0000
+Subject: [PATCH] [PD] Append a field after the routing fields
+
+Why: a test patch whose context is another group's lines.
+
+How: one field appended after cache-aware-routing's.
+
+Upstream-Status: not yet submitted
+Related: none
+Remove-When: never.
+---
+diff --git a/sglang/srt/arg_groups/field_order.py b/sglang/srt/arg_groups/field_order.py
+--- a/sglang/srt/arg_groups/field_order.py
++++ b/sglang/srt/arg_groups/field_order.py
+@@ -557,5 +557,6 @@ POSITIONAL_FIELD_ORDER = (
+     "dp_routing_digest_max_age",
+     "dp_routing_digest_publish_interval",
+     "dp_routing_pending_ttl",
++    "test_dependent_field",
+ )
+ # fmt: on
+"""
+
+
+def test_a_group_using_another_groups_lines_is_refused(sandbox):
+    tmp, env = sandbox
+    name = "decode-hicache/0006-append-a-field-after-the-routing-fields.patch"
+    (tmp / "patches" / name).write_text(DEPENDENT)
+    series = tmp / "patches" / "series"
+    series.write_text(series.read_text() + name + "\n")
+    proc = run_script("make_pr.py", "decode-hicache", env=env)
+    assert proc.returncode == 2, proc.stdout
+    assert name in proc.stderr and "field_order.py" in proc.stderr
+    assert "without the groups before it" in proc.stderr
