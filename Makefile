@@ -10,8 +10,7 @@
 # WHEEL_PLATFORM (cross-target, e.g. cp312 / manylinux_2_34_aarch64), LABEL
 # (local version label), FORCE=1 (apply over unexported work), GROUP (refresh:
 # the series group new commits go to), FEATURE (pr; PR_AUTHOR="Name <email>"),
-# PYTEST_ARGS, PORT and
-# SERVER_ARGS (serve-cpu).
+# PYTEST_ARGS, PORT and SERVER_ARGS (serve-cpu).
 
 PYTHON ?= python3
 VENV ?= .venv

@@ -122,7 +122,7 @@ diff --git a/sglang/srt/arg_groups/field_order.py b/sglang/srt/arg_groups/field_
 
 def test_a_group_using_another_groups_lines_is_refused(sandbox):
     tmp, env = sandbox
-    name = "decode-hicache/0006-append-a-field-after-the-routing-fields.patch"
+    name = "decode-hicache/0007-append-a-field-after-the-routing-fields.patch"
     (tmp / "patches" / name).write_text(DEPENDENT)
     series = tmp / "patches" / "series"
     series.write_text(series.read_text() + name + "\n")

@@ -197,7 +197,11 @@ class TestDecodeHiCacheFlagResolution(unittest.TestCase):
             server_args = _parse(*argv)
             handle_pd_disaggregation(server_args)
             sources = {s for s, _ in getattr(server_args, "_resolved_overrides", ())}
-            self.assertNotIn("_resolve_decode_hicache_flags", sources, argv)
+            self.assertNotIn("resolve_decode_hicache_flags", sources, argv)
+        server_args = _parse(*DECODE, HICACHE)
+        handle_pd_disaggregation(server_args)
+        sources = {s for s, _ in getattr(server_args, "_resolved_overrides", ())}
+        self.assertIn("resolve_decode_hicache_flags", sources)
 
 
 class TestDecodeHiCacheFlagErrors(unittest.TestCase):
