@@ -7,9 +7,9 @@ Writes build/pr/<feature>/:
   * NNNN-*.patch: the group's patches in upstream's repository layout
     (``python/sglang/...``), git-am-able, without this series' own
     Upstream-Status / Related / Remove-When fields;
-  * tests/: the feature's registered tests (files under tests/registered whose
-    module docstring or name mentions the feature's test prefix, see
-    FEATURE_TESTS) laid out as upstream's ``test/registered/...``;
+  * tests/: the feature's registered tests (files under tests/registered that
+    declare ``FEATURE_GROUP = "<feature>"``) laid out as upstream's
+    ``test/registered/...``;
   * PR.md: a description in upstream's PR template built from the headers.
 The patches are re-cut against the pinned wheel alone (``carry_alone``: a
 group that needs another group's lines is refused) and checked with
@@ -18,6 +18,7 @@ group that needs another group's lines is refused) and checked with
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shutil
@@ -27,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import series as series_mod  # noqa: E402
 from common import (  # noqa: E402
     BUILD,
     PATCHES,
@@ -39,18 +41,35 @@ from common import (  # noqa: E402
 from headers import patch_header  # noqa: E402
 from pr_bench import benchmark_section  # noqa: E402
 
-import series as series_mod  # noqa: E402
 import upstream  # noqa: E402
 
-# Registered test files of each feature (globs under tests/registered).
-FEATURE_TESTS = {
-    "hicache-rank-shard": [
-        "**/test_hicache_rank_shard*.py",
-        "**/test_l2_transfer_load_layer.py",
-    ],
-    "cache-aware-routing": ["**/test_*cache_aware*.py", "**/test_*prefix_digest*.py"],
-    "decode-hicache": ["**/test_*decode_hicache*.py"],
-}
+# Registered tests declare the group they test at module level:
+# ``FEATURE_GROUP = "<group>"`` ("series": the wheel as a whole, project-only).
+PROJECT_ONLY = "series"
+
+
+def declared_groups(path: Path) -> list[str]:
+    """The values of the module-level ``FEATURE_GROUP = "..."`` assignments."""
+    tree = ast.parse(path.read_text())
+    return [
+        node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and any(
+            isinstance(t, ast.Name) and t.id == "FEATURE_GROUP" for t in node.targets
+        )
+        and isinstance(node.value, ast.Constant)
+    ]
+
+
+def feature_tests(feature: str) -> list[Path]:
+    return [
+        path
+        for path in sorted((ROOT / "tests" / "registered").rglob("test_*.py"))
+        if declared_groups(path) == [feature]
+    ]
+
+
 # A field runs on over its continuation lines (indented or not) up to a blank
 # line, the next field, or the diff.
 _DROP_FIELDS = re.compile(
@@ -95,13 +114,13 @@ def make_pr(feature: str, author: str | None = None) -> Path:
         if header.get("Related"):
             related.append(f"- {subject}: {' '.join(header['Related'].split())}")
     tests = []
-    for pattern in FEATURE_TESTS.get(feature, []):
-        for path in sorted((ROOT / "tests" / "registered").glob(pattern)):
-            rel = path.relative_to(ROOT / "tests" / "registered")
-            dest = out / "tests" / "test" / "registered" / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(path, dest)
-            tests.append(f"test/registered/{rel}")
+    for path in feature_tests(feature):
+        rel = path.relative_to(ROOT / "tests" / "registered")
+        dest = out / "tests" / "test" / "registered" / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        # The group declaration is this series' bookkeeping, not upstream's.
+        dest.write_text(re.sub(r"(?m)^FEATURE_GROUP = .*\n", "", path.read_text()))
+        tests.append(f"test/registered/{rel}")
     support = out / "tests" / "support"
     for helper in ("harness", "standins"):
         shutil.copytree(

@@ -130,3 +130,27 @@ def test_a_group_using_another_groups_lines_is_refused(sandbox):
     assert proc.returncode == 2, proc.stdout
     assert name in proc.stderr and "field_order.py" in proc.stderr
     assert "without the groups before it" in proc.stderr
+
+
+def test_every_registered_test_declares_exactly_one_group():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import make_pr
+        from common import read_series
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    groups = {name.split("/")[0] for name in read_series()}
+    files = sorted((ROOT / "tests" / "registered").rglob("test_*.py"))
+    assert files
+    seen = set()
+    for path in files:
+        declared = make_pr.declared_groups(path)
+        assert len(declared) == 1, (path, declared)
+        assert declared[0] in groups | {make_pr.PROJECT_ONLY}, (path, declared)
+        seen.add(declared[0])
+    assert groups <= seen  # every group has tests
+    routing = {p.name for p in make_pr.feature_tests("cache-aware-routing")}
+    assert "test_load_balance_flag_off.py" in routing
+    assert "test_drop_in_server.py" not in routing

@@ -21,6 +21,7 @@ from harness.live_server import HICACHE_ARGS, LiveServer, assert_all_gone, greed
 from harness.live_workloads import conversations, hit_rate, run_conversations
 
 register_cpu_ci(est_time=420, suite="stage-a-test-cpu")
+FEATURE_GROUP = "cache-aware-routing"  # the series group it tests (or "series")
 
 DP = ["--dp-size", "2"]
 HICACHE = HICACHE_ARGS + ["--hicache-ratio", "4"]

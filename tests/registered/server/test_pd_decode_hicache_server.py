@@ -29,6 +29,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from harness.live_server import LiveServer, assert_all_gone, free_port, greedy
 
 register_cpu_ci(est_time=300, suite="stage-a-test-cpu")
+FEATURE_GROUP = "decode-hicache"  # the series group it tests (or "series")
 
 PD_ENV = {
     # mooncake registers this address (else the first NIC's).

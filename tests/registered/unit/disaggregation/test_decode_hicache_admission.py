@@ -18,6 +18,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from harness.compare import diff_results, run_scenario
 
 register_cpu_ci(est_time=480, suite="stage-a-test-cpu")
+FEATURE_GROUP = "decode-hicache"  # the series group it tests (or "series")
 
 HOST_SPAN = "harness.decode_scenarios:host_span_restore"
 SIM = "harness.decode_scenarios:admission_sim"

@@ -20,6 +20,7 @@ from harness.compare import diff_results, run_scenario
 from harness.decode_hicache_scenarios import write_model_config
 
 register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
+FEATURE_GROUP = "decode-hicache"  # the series group it tests (or "series")
 
 HICACHE = "--disaggregation-decode-enable-hicache"
 RADIX = "--disaggregation-decode-enable-radix-cache"

@@ -16,6 +16,7 @@ from harness.multiproc import run_ranks
 from harness.routing_scenarios import cache_aware_cases, pending_cases
 
 register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
+FEATURE_GROUP = "cache-aware-routing"  # the series group it tests (or "series")
 
 MAX_EXTRA = 2  # --dp-routing-max-extra-reqs of the scenario
 

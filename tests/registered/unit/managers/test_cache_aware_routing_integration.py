@@ -16,6 +16,7 @@ from harness.multiproc import run_ranks
 from harness.routing_scenarios import cache_aware_end_to_end
 
 register_cpu_ci(est_time=120, suite="stage-a-test-cpu")
+FEATURE_GROUP = "cache-aware-routing"  # the series group it tests (or "series")
 
 
 class TestCacheAwareEndToEnd(unittest.TestCase):

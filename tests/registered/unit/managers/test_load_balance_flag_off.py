@@ -14,6 +14,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from harness.compare import diff_results, run_scenario
 
 register_cpu_ci(est_time=210, suite="stage-a-test-cpu")
+FEATURE_GROUP = "cache-aware-routing"  # the series group it tests (or "series")
 
 SCENARIO = "harness.routing_scenarios:dispatch_trace"
 METHODS = ("round_robin", "total_requests", "total_tokens", "follow_bootstrap_room")

@@ -14,6 +14,7 @@ from harness.multiproc import RankFailure, run_ranks
 from harness.rank_shard_scenarios import sharded_roundtrip
 
 register_cpu_ci(est_time=300, suite="stage-a-test-cpu")
+FEATURE_GROUP = "hicache-rank-shard"  # the series group it tests (or "series")
 
 ON = {"SGLANG_ENABLE_HICACHE_RANK_SHARD": "1"}
 KV_ROW_BYTES = 576 * 2  # bf16 latent + rope row of the test pool

@@ -20,6 +20,7 @@ from harness.multiproc import run_ranks
 from harness.rank_shard_scenarios import inactive_reasons
 
 register_cpu_ci(est_time=40, suite="stage-a-test-cpu")
+FEATURE_GROUP = "hicache-rank-shard"  # the series group it tests (or "series")
 
 
 def _dsa_pool(layer_num=4, skip=None):

@@ -21,6 +21,7 @@ from harness.multiproc import run_ranks
 from harness.rank_shard_scenarios import gate_paths
 
 register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
+FEATURE_GROUP = "hicache-rank-shard"  # the series group it tests (or "series")
 
 
 # ------------------------------------------------------------------- the model

@@ -14,6 +14,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from harness.compare import diff_results, run_scenario
 
 register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
+FEATURE_GROUP = "hicache-rank-shard"  # the series group it tests (or "series")
 
 SCENARIO = "harness.scenarios:l2_roundtrip"
 
