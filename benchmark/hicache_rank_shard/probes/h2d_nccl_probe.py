@@ -9,7 +9,7 @@ rank-shard exchange's traffic: per layer one broadcast of ``--bcast-mb`` MB,
 owners alternating. Prints and writes JSON with the ratios against the
 contiguous copy alone.
 
-Run on a 2-GPU host: ``python benchmark/hicache_rank_shard/h2d_nccl_probe.py --out probe.json``.
+Run on a 2-GPU host: ``python benchmark/hicache_rank_shard/probes/h2d_nccl_probe.py --out probe.json``.
 """
 
 from __future__ import annotations

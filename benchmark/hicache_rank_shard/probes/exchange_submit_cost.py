@@ -2,7 +2,7 @@
 
 The sharded load-back issues, per layer, the owned host copy and the
 exchange; when the host cannot issue a layer faster than the GPU runs it, the
-load-back is CPU-bound (see README, rank-shard GPU table). This probe times
+load-back is CPU-bound (see docs/benchmarks.md, rank-shard GPU table). This probe times
 ``RankShardExchange.exchange_layer`` over the 61 layers of one submission for
 two pools (KV and indexer, TP2, both ranks' roles) with
 ``torch.distributed.broadcast`` counted instead of run and one-byte rows on
@@ -12,7 +12,7 @@ DSA layer is with the default 64 MB staging. It measures the exchange's own
 Python and dispatch cost, not NCCL's or the copies'. Run it with two installed
 wheels to compare them:
 
-    python benchmark/hicache_rank_shard/exchange_submit_cost.py
+    python benchmark/hicache_rank_shard/probes/exchange_submit_cost.py
 """
 
 from __future__ import annotations

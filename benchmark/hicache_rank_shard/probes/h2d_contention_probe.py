@@ -10,7 +10,7 @@ broadcast's owner does), (b) peer copies GPU 1 -> GPU 0 (a receiver),
 exchange's staging does). Prints and writes JSON with the ratios against the
 copy alone.
 
-Run on a 2-GPU host: ``python benchmark/hicache_rank_shard/h2d_contention_probe.py --out probe.json``.
+Run on a 2-GPU host: ``python benchmark/hicache_rank_shard/probes/h2d_contention_probe.py --out probe.json``.
 """
 
 from __future__ import annotations
