@@ -29,7 +29,7 @@ def test_drift_classifies_each_patch_on_a_moved_release(sandbox, tmp_path):
     )
     by_name = {r["patch"]: r for r in report["patches"]}
     routing = by_name[
-        "cache-aware-routing/0002-dp-cache-aware-load-balance-method.patch"
+        "cache-aware-routing/0003-dp-cache-aware-load-balance-method.patch"
     ]
     assert routing["status"] == "offset", routing
     assert any("offset 3 lines" in h for h in routing["hunks"])
