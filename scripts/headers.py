@@ -29,11 +29,22 @@ START, END = "<!-- series-table -->", "<!-- /series-table -->"
 _FIELD = re.compile(r"(?m)^(%s):[ \t]*" % "|".join(re.escape(f) for f in FIELDS))
 
 
+_SUBJECT = re.compile(r"(?m)^Subject: (?:\[PATCH[^\]]*\] )?(.*(?:\n[ \t].*)*)")
+# The fields that describe the series, not the change (``make pr`` drops them).
+SERIES_FIELDS = ("Upstream-Status", "Related", "Remove-When")
+
+
+def patch_subject(text: str) -> str:
+    """The commit subject a format-patch file carries (unfolded, no [PATCH])."""
+    m = _SUBJECT.search(text)
+    return re.sub(r"\s+", " ", m.group(1)).strip() if m else ""
+
+
 def patch_header(text: str) -> dict:
     """``{"Subject": ..., field: text}`` of a format-patch file's message."""
     head = text.partition("\ndiff --git ")[0]
-    m = re.search(r"(?m)^Subject: (?:\[PATCH[^\]]*\] )?(.*(?:\n[ \t].*)*)", head)
-    out = {"Subject": re.sub(r"\s+", " ", m.group(1)).strip() if m else ""}
+    m = _SUBJECT.search(head)
+    out = {"Subject": patch_subject(head)}
     body = head[m.end() :] if m else head
     body = body.split("\n---\n", 1)[0]
     marks = list(_FIELD.finditer(body))

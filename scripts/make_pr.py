@@ -38,7 +38,7 @@ from common import (  # noqa: E402
     read_series,
     run_main,
 )
-from headers import patch_header  # noqa: E402
+from headers import SERIES_FIELDS, patch_header  # noqa: E402
 from pr_bench import benchmark_section  # noqa: E402
 
 import upstream  # noqa: E402
@@ -73,7 +73,7 @@ def feature_tests(feature: str) -> list[Path]:
 # A field runs on over its continuation lines (indented or not) up to a blank
 # line, the next field, or the diff.
 _DROP_FIELDS = re.compile(
-    r"(?m)^(Upstream-Status|Related|Remove-When):.*\n"
+    r"(?m)^(" + "|".join(SERIES_FIELDS) + r"):.*\n"
     r"(?:(?![\w-]+:\s)(?!diff --git )(?!---).+\n)*"
 )
 

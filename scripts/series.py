@@ -35,6 +35,7 @@ from common import (  # noqa: E402
     read_series,
     run_main,
 )
+from headers import patch_subject  # noqa: E402
 
 import upstream  # noqa: E402
 
@@ -358,12 +359,6 @@ def _append_series(lines: list[str], group: str, name: str) -> list[str]:
     if any(l.startswith(f"# == {group}:") or l == f"# == {group} ==" for l in tail):
         return lines + [name]
     return lines + ["", f"# == {group} ==", name]
-
-
-def patch_subject(text: str) -> str:
-    """The commit subject a format-patch file carries (unfolded, no [PATCH])."""
-    m = re.search(r"(?m)^Subject: (?:\[PATCH[^\]]*\] )?(.*(?:\n[ \t].*)*)", text)
-    return re.sub(r"\n[ \t]+", " ", m.group(1)).strip() if m else ""
 
 
 def _patch_id(diff: str) -> str:
