@@ -339,17 +339,18 @@ class _InlineController:
         self.log, self.ranks = [], []
 
     def route(self, now, payloads, prompt, budget):
-        rank, spent = self._route(
-            (now, payloads, prompt, budget.total_requests, budget.total_tokens)
-        )
+        body = (now, payloads, prompt, budget.total_requests, budget.total_tokens)
+        self.log.append(body[:3] + (list(body[3]), list(body[4])))
+        rank, spent = self._route(body)
         self.ranks.append(rank)
         return rank, spent
 
     def _route(self, body):
+        """Route one logged call (the controller process and replays call
+        this directly: they keep no log)."""
         from sglang.srt.managers.prefix_digest import CacheDigest
 
         self.now, payloads, prompt, requests, tokens = body
-        self.log.append(body[:3] + (list(requests), list(tokens)))
         self.budget.total_requests[:] = requests
         self.budget.total_tokens[:] = tokens
         t0 = time.perf_counter()
