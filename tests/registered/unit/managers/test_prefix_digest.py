@@ -63,6 +63,29 @@ class TestDigestHashes(unittest.TestCase):
             ours = [d.hex() for d in page_hash_digests(tokens, page_size)]
             self.assertEqual(ours, get_hash_str(full, None, page_size))
 
+    def test_first_page_hash_is_the_first_event_hash(self):
+        from array import array
+
+        from sglang.srt.managers.prefix_digest import (
+            RequestNamespace,
+            first_page_hash,
+            request_page_hashes,
+        )
+
+        tokens = list(range(7, 71))
+        for ns in (
+            RequestNamespace(),
+            RequestNamespace.of(cache_salt="s"),
+            RequestNamespace.of(extra_key="k"),
+            RequestNamespace.of(lora_id="a" * 32, lora_name="x"),
+        ):
+            for page in (1, 4, 16):
+                raw = array("I", tokens).tobytes()
+                self.assertEqual(
+                    first_page_hash(raw, page, ns),
+                    request_page_hashes(tokens, page, ns)[0],
+                )
+
     def test_tracker_keys_equal_request_keys(self):
         # The keys a rank derives from its tree's events (parents, token ids)
         # are the keys the controller computes from a request's tokens, on
