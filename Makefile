@@ -5,6 +5,7 @@
 #   make serve-cpu        # the patched server on CPU (tiny local model), foreground
 #   make drift VERSION=X  # how each patch applies to release X (clean/offset/fuzz/conflict)
 #   make rebase VERSION=X # carry the series to release X (git 3-way merge; new series + pin)
+#   make pr FEATURE=x     # the group as an upstream PR (build/pr/x); pr-check runs its tests there
 #
 # Variables: PYTHON (the interpreter whose tag the wheel gets), PYTHON_TAG and
 # WHEEL_PLATFORM (cross-target, e.g. cp312 / manylinux_2_34_aarch64), LABEL
@@ -20,7 +21,7 @@ export PYTHON_TAG WHEEL_PLATFORM LABEL FORCE GROUP
 PORT ?= 30000
 SERVER_ARGS ?=
 
-.PHONY: all sysdeps fetch apply refresh wheel venv install model serve-cpu test lint pytest check-series drift rebase rebase-continue rebase-abort series-table pr clean distclean
+.PHONY: all sysdeps fetch apply refresh wheel venv install model serve-cpu test lint pytest check-series drift rebase rebase-continue rebase-abort series-table pr pr-check clean distclean
 
 all: wheel
 
@@ -119,9 +120,16 @@ series-table:
 	$(PYTHON) scripts/headers.py table
 
 # Extract one feature group as an upstream PR into build/pr/<feature>/.
-pr:
+# make pr formats the extracted tests with the venv's isort/black.
+pr: venv
 	@test -n "$(FEATURE)" || { echo "usage: make pr FEATURE=<series group>" >&2; exit 2; }
-	$(PYTHON) scripts/make_pr.py $(FEATURE)
+	$(VENV)/bin/python scripts/make_pr.py $(FEATURE)
+
+# The PR's tests as upstream's CPU CI runs them, on the pinned release with
+# that PR alone (build/pr-check/<feature>).
+pr-check: venv
+	@test -n "$(FEATURE)" || { echo "usage: make pr-check FEATURE=<series group>" >&2; exit 2; }
+	$(VENV)/bin/python scripts/pr_check.py $(FEATURE)
 
 clean:
 	rm -rf build/src build/src.tmp build/wheel build/check dist

@@ -76,7 +76,7 @@ def _set_version_py(path: Path, old: str, new: str, label: str) -> None:
 def build(label: str | None = None, dist: Path = DIST) -> Path:
     src = series_mod.SRC
     pin = upstream.load_pin()
-    dirty = series_mod._dirty(src)
+    dirty = series_mod.uncommitted_changes(src)
     if dirty:
         raise ToolError(
             f"{src} has uncommitted changes; commit them (and `make refresh`) "

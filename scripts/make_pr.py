@@ -7,18 +7,19 @@ Writes build/pr/<feature>/:
   * NNNN-*.patch: the group's patches in upstream's repository layout
     (``python/sglang/...``), git-am-able, without this series' own
     Upstream-Status / Related / Remove-When fields;
-  * tests/: the feature's registered tests (files under tests/registered that
-    declare ``FEATURE_GROUP = "<feature>"``) laid out as upstream's
-    ``test/registered/...``;
+  * tests/: the feature's registered tests (``pr_tests``: files under
+    tests/registered declaring ``FEATURE_GROUP = "<feature>"`` and not
+    ``PROJECT_ONLY``) laid out as upstream's ``test/registered/...``, with the
+    test modules they import under ``python/sglang/test/``;
   * PR.md: a description in upstream's PR template built from the headers.
 The patches are re-cut against the pinned wheel alone (``carry_alone``: a
 group that needs another group's lines is refused) and checked with
 ``patch -p1 --fuzz=0`` alone on the pristine wheel laid out under ``python/``.
+``pr_check.py`` then runs the tests there as upstream's CI does.
 """
 
 from __future__ import annotations
 
-import ast
 import os
 import re
 import shutil
@@ -29,46 +30,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import series as series_mod  # noqa: E402
-from common import (  # noqa: E402
-    BUILD,
-    PATCHES,
-    ROOT,
-    ToolError,
-    git,
-    read_series,
-    run_main,
-)
+from common import BUILD, PATCHES, ToolError, git, read_series, run_main  # noqa: E402
 from headers import SERIES_FIELDS, patch_header  # noqa: E402
 from pr_bench import benchmark_section  # noqa: E402
+from pr_tests import extract  # noqa: E402
 
 import upstream  # noqa: E402
-
-# Registered tests declare the group they test at module level:
-# ``FEATURE_GROUP = "<group>"`` ("series": the wheel as a whole, project-only).
-PROJECT_ONLY = "series"
-
-
-def declared_groups(path: Path) -> list[str]:
-    """The values of the module-level ``FEATURE_GROUP = "..."`` assignments."""
-    tree = ast.parse(path.read_text())
-    return [
-        node.value.value
-        for node in tree.body
-        if isinstance(node, ast.Assign)
-        and any(
-            isinstance(t, ast.Name) and t.id == "FEATURE_GROUP" for t in node.targets
-        )
-        and isinstance(node.value, ast.Constant)
-    ]
-
-
-def feature_tests(feature: str) -> list[Path]:
-    return [
-        path
-        for path in sorted((ROOT / "tests" / "registered").rglob("test_*.py"))
-        if declared_groups(path) == [feature]
-    ]
-
 
 # A field runs on over its continuation lines (indented or not) up to a blank
 # line, the next field, or the diff.
@@ -113,29 +80,29 @@ def make_pr(feature: str, author: str | None = None) -> Path:
         modifications.append(f"- {subject}: {' '.join(header.get('How', '').split())}")
         if header.get("Related"):
             related.append(f"- {subject}: {' '.join(header['Related'].split())}")
-    tests = []
-    for path in feature_tests(feature):
-        rel = path.relative_to(ROOT / "tests" / "registered")
-        dest = out / "tests" / "test" / "registered" / rel
+    extraction = extract(feature)
+    for rel, text in extraction.files.items():
+        dest = out / "tests" / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
-        # The group declaration is this series' bookkeeping, not upstream's.
-        dest.write_text(re.sub(r"(?m)^FEATURE_GROUP = .*\n", "", path.read_text()))
-        tests.append(f"test/registered/{rel}")
-    support = out / "tests" / "support"
-    for helper in ("harness", "standins"):
-        shutil.copytree(
-            ROOT / "tests" / helper,
-            support / helper,
-            ignore=shutil.ignore_patterns("__pycache__"),
-        )
+        dest.write_text(text)
+    _format(out / "tests", extraction.files)
+    tests = extraction.tests
+    support = sorted(set(extraction.files) - set(tests))
     (out / "PR.md").write_text(
         "## Motivation\n\n" + "\n".join(motivation) + "\n\n"
         "## Modifications\n\n" + "\n".join(modifications) + "\n\n"
         "Related:\n\n" + "\n".join(related) + "\n\n"
-        "## Accuracy Tests\n\n" + "\n".join(f"- `{t}`" for t in tests) + "\n\n"
-        "The tests use this series' CPU harness and test-only stand-ins "
-        "(tests/support/: `harness`, `standins`); upstreaming moves them under "
-        "`python/sglang/test/`.\n\n"
+        "## Accuracy Tests\n\n"
+        + "\n".join(f"- `{t}`" for t in tests)
+        + "\n\n"
+        + (
+            "Test utilities and CPU stand-ins added with the tests: "
+            + ", ".join(f"`{f}`" for f in support)
+            + ".\n\n"
+            if support
+            else ""
+        )
+        + "Run each as CPU CI does: `python3 test_<name>.py` in its folder.\n\n"
         "## Benchmarking and Profiling\n\n" + benchmark_section(feature) + "\n"
         "## Checklist\n\n"
         "- [x] Format your code with pre-commit (black, isort, ruff, codespell)\n"
@@ -147,6 +114,21 @@ def make_pr(feature: str, author: str | None = None) -> Path:
     _check(out, entries)
     print(f"wrote {out} ({len(entries)} patches, {len(tests)} test files)")
     return out
+
+
+def _format(root: Path, files) -> None:
+    """isort + black (upstream's pre-commit) over the extracted test files:
+    renamed imports move into upstream's order."""
+    paths = [str(root / rel) for rel in files]
+    for tool in (["isort", "--profile", "black", "-q"], ["black", "-q"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", *tool, *paths], capture_output=True, text=True
+        )
+        if proc.returncode != 0:
+            raise ToolError(
+                f"{tool[0]} failed on the PR's tests (make pr runs in the test "
+                f"venv, which has it):\n{proc.stderr}"
+            )
 
 
 def carry_alone(entries: list[str]) -> dict[str, str]:
@@ -189,14 +171,17 @@ def carry_alone(entries: list[str]) -> dict[str, str]:
 
 
 def _check(out: Path, entries: list[str]) -> None:
-    """``patch -p1 --fuzz=0`` the extracted patches, alone, onto the pristine
-    wheel laid out under python/: every hunk at its recorded line."""
-    _, pristine = upstream.prepare()
     with tempfile.TemporaryDirectory() as tmp:
-        repo = Path(tmp)
-        shutil.copytree(pristine / "sglang", repo / "python" / "sglang", symlinks=True)
-        for name in entries:
-            _apply(repo, out / Path(name).name, name)
+        lay_out(out, entries, Path(tmp))
+
+
+def lay_out(out: Path, entries: list[str], repo: Path) -> None:
+    """``patch -p1 --fuzz=0`` the extracted patches, alone, onto the pristine
+    wheel laid out under ``repo/python``: every hunk at its recorded line."""
+    _, pristine = upstream.prepare()
+    shutil.copytree(pristine / "sglang", repo / "python" / "sglang", symlinks=True)
+    for name in entries:
+        _apply(repo, out / Path(name).name, name)
 
 
 def _apply(repo: Path, patch: Path, name: str) -> None:
@@ -208,7 +193,7 @@ def _apply(repo: Path, patch: Path, name: str) -> None:
         env={**os.environ, "LC_ALL": "C"},
     )
     output = proc.stdout + proc.stderr
-    if proc.returncode != 0 or series_mod._BAD.search(output):
+    if proc.returncode != 0 or series_mod.NOT_CLEAN.search(output):
         raise ToolError(
             f"{name} does not apply alone to the pinned release in the upstream "
             f"layout at zero fuzz and offset:\n{output}"

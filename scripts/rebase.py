@@ -137,7 +137,7 @@ def _replace_tree(repo: Path, tree: Path) -> None:
 
 def start(version: str, wheel: Path | None, tree: Path | None, survey: bool):
     series = read_series()
-    series_mod._check_files(series)
+    series_mod.check_series_files(series)
     if STATE.exists():
         raise ToolError(
             f"a rebase is in progress in {SRC}: finish it with `make "
@@ -271,7 +271,7 @@ def resume() -> None:
             f"the cherry-pick in {SRC} is not finished: resolve the files, "
             "`git add` them and `git cherry-pick --continue` (or `--skip`)"
         )
-    dirty = series_mod._dirty(SRC)
+    dirty = series_mod.uncommitted_changes(SRC)
     if dirty:
         raise ToolError(f"{SRC} has uncommitted changes:\n{dirty[:800]}")
     i = state["next"]

@@ -53,7 +53,7 @@ FORMAT_PATCH_ARGS = (
     "--src-prefix=a/",
     "--dst-prefix=b/",
 )
-_BAD = re.compile(
+NOT_CLEAN = re.compile(
     r"(FAILED|with fuzz|offset -?\d+ line|Reversed|malformed|garbage|"
     r"can't find file|No file to patch|ignored|Skipping patch)",
     re.I,
@@ -118,12 +118,12 @@ def strict_problems(tree: Path, patch_file: Path) -> list[str]:
         m = re.match(r"Hunk #(\d+) (.*)", line)
         if m:
             msg = m.group(2)
-            if _BAD.search(msg):
+            if NOT_CLEAN.search(msg):
                 hunk = hunks.get((current, int(m.group(1))))
                 where = hunk.header if hunk else "?"
                 problems.append(f"{current} hunk #{m.group(1)} ({where}): {msg}")
             continue
-        if _BAD.search(line):
+        if NOT_CLEAN.search(line):
             problems.append(f"{current}: {line.strip()}")
     if proc.returncode != 0 and not problems:
         problems.append(f"patch exited {proc.returncode}: {proc.stdout[-1500:]}")
@@ -166,7 +166,7 @@ def _layout(repo: Path) -> list[str]:
     return git(repo, "rev-list", "--reverse", f"{base}..HEAD").split()
 
 
-def _dirty(repo: Path) -> str:
+def uncommitted_changes(repo: Path) -> str:
     return git(repo, "status", "--porcelain", "--untracked-files=all").strip()
 
 
@@ -179,7 +179,7 @@ def _guard_existing(src: Path, series: list[str]) -> None:
         raise ToolError(
             f"{src} exists but is not a git repository; remove it or use FORCE=1"
         )
-    dirty = _dirty(src)
+    dirty = uncommitted_changes(src)
     if dirty:
         raise ToolError(
             f"{src} has uncommitted changes:\n{dirty[:800]}\n"
@@ -303,7 +303,7 @@ def apply_series(tree: Path, series: list[str]):
 
 def apply(force: bool = False) -> Path:
     series = read_series()
-    _check_files(series)
+    check_series_files(series)
     wheel, pristine = upstream.prepare()
     if not force:
         _guard_existing(SRC, series)
@@ -376,7 +376,7 @@ def missing_patches(series: list[str]) -> list[str]:
     return [name for name in series if not (PATCHES / name).is_file()]
 
 
-def _check_files(series: list[str]) -> None:
+def check_series_files(series: list[str]) -> None:
     missing = missing_patches(series)
     if missing:
         raise ToolError(
@@ -471,10 +471,10 @@ def _series_lines(
 def refresh(group: str | None = None) -> list[str]:
     series_file = PATCHES / "series"
     series = read_series(series_file)
-    _check_files(series)
+    check_series_files(series)
     if not SRC.exists():
         raise ToolError(f"{SRC} does not exist; run `make apply` first")
-    dirty = _dirty(SRC)
+    dirty = uncommitted_changes(SRC)
     if dirty:
         raise ToolError(
             f"{SRC} has uncommitted changes; commit them first:\n{dirty[:800]}"
@@ -533,7 +533,7 @@ def check_patch(tree: Path) -> None:
             env={**os.environ, "LC_ALL": "C"},
         )
         out = proc.stdout + proc.stderr
-        if proc.returncode != 0 or _BAD.search(out):
+        if proc.returncode != 0 or NOT_CLEAN.search(out):
             raise ToolError(f"`patch -p1 --fuzz=0` failed on {name}:\n{out}")
 
 
@@ -558,7 +558,7 @@ def check_quilt(tree: Path) -> None:
         stdin=subprocess.DEVNULL,
     )
     out = proc.stdout + proc.stderr
-    if proc.returncode != 0 or _BAD.search(out):
+    if proc.returncode != 0 or NOT_CLEAN.search(out):
         raise ToolError(f"`quilt push -a --fuzz=0` failed:\n{out}")
     shutil.rmtree(tree / ".pc", ignore_errors=True)
 

@@ -10,8 +10,8 @@ never meet in one process) whose ``sglang`` is
 * ``patched``: the patched sglang installed in this interpreter's environment
   (``make test`` installs the built wheel), or ``$SGL_PATCHED_TREE`` if set.
 
-It returns the per-rank results; ``diff_results`` lists every difference
-between two runs.
+It returns the per-rank results; ``harness.diff.diff_results`` lists every
+difference between two runs.
 """
 
 from __future__ import annotations
@@ -59,39 +59,3 @@ def run_scenario(
     return warm_tree(_tree_path(which)).run(
         target, world_size, (), kwargs, timeout=timeout, env=env
     )
-
-
-def diff_results(a, b, path: str = "", limit: int = 20) -> list[str]:
-    """Human-readable differences between two results (empty when equal)."""
-    diffs: list[str] = []
-
-    def walk(x, y, where):
-        if len(diffs) >= limit:
-            return
-        if type(x) is not type(y):
-            diffs.append(f"{where}: type {type(x).__name__} != {type(y).__name__}")
-        elif isinstance(x, dict):
-            for k in sorted(set(x) | set(y), key=str):
-                if k not in x or k not in y:
-                    diffs.append(f"{where}.{k}: only in {'b' if k not in x else 'a'}")
-                else:
-                    walk(x[k], y[k], f"{where}.{k}")
-        elif isinstance(x, (list, tuple)):
-            if len(x) != len(y):
-                diffs.append(f"{where}: length {len(x)} != {len(y)}")
-            for i, (u, v) in enumerate(zip(x, y)):
-                walk(u, v, f"{where}[{i}]")
-        elif isinstance(x, bytes):
-            if x != y:
-                first = next(
-                    (i for i, (u, v) in enumerate(zip(x, y)) if u != v),
-                    min(len(x), len(y)),
-                )
-                diffs.append(
-                    f"{where}: bytes differ (first at offset {first} of {len(x)})"
-                )
-        elif x != y:
-            diffs.append(f"{where}: {x!r} != {y!r}")
-
-    walk(a, b, path or "result")
-    return diffs

@@ -13,7 +13,9 @@ import random
 
 import torch
 
-from harness.scenarios import _sglang_identity
+from harness.scenarios import sglang_identity
+
+UPSTREAM_TEST_MODULE = "sglang.test.decode_hicache_scenarios"
 
 
 def _stack(rank, world_size, fixes, **kw):
@@ -62,7 +64,7 @@ def host_span_restore(
             start=start,
             after=stack.snapshot(),
             host_lock_refs=_host_lock_refs(stack),
-            sglang=_sglang_identity(),
+            sglang=sglang_identity(),
         )
     admitted, _ = stack.admit()
     pm = dr.prefix_match
@@ -81,7 +83,7 @@ def host_span_restore(
             start=start,
             after=stack.snapshot(),
             host_lock_refs=_host_lock_refs(stack),
-            sglang=_sglang_identity(),
+            sglang=sglang_identity(),
         )
         return out
     out["host_evicted"] = stack.evict_host(10_000) if evict_host_first else 0
@@ -93,7 +95,7 @@ def host_span_restore(
     _finish_or_abort(stack, dr, cached, out)
     out["after"] = stack.snapshot()
     out["host_lock_refs"] = _host_lock_refs(stack)
-    out["sglang"] = _sglang_identity()
+    out["sglang"] = sglang_identity()
     return out
 
 
@@ -234,16 +236,14 @@ def admission_sim(
     stack.cache.evict_for_alloc = counting_evict_for_alloc
     plans = []
     if fixes:
-        from sglang.srt.disaggregation import decode as decode_mod
-
-        original_plan = decode_mod.plan_prealloc_batch
+        original_plan = stack.prealloc._plan_prealloc_batch
 
         def recording_plan(*a, **kw):  # call-through recorder
             plan = original_plan(*a, **kw)
             plans.append((plan.summary(), plan.evict_tokens, len(plan.entries)))
             return plan
 
-        decode_mod.plan_prealloc_batch = recording_plan
+        stack.prealloc._plan_prealloc_batch = recording_plan
 
     # The workload is drawn up front, so it does not depend on admissions.
     schedule = []
@@ -348,7 +348,7 @@ def admission_sim(
         host_lock_refs=_host_lock_refs(stack),
         after=stack.snapshot(),
         protected=int(stack.cache.protected_size()),
-        sglang=_sglang_identity(),
+        sglang=sglang_identity(),
     )
 
 
@@ -409,7 +409,7 @@ def l3_two_phase(
 
     dr = stack.make_request("r0", prefix + random_tokens(rng, 64))
     stack.prealloc.queue.append(dr)
-    out = dict(evicted=evicted, admitted_at=None, sglang=_sglang_identity())
+    out = dict(evicted=evicted, admitted_at=None, sglang=sglang_identity())
     t0 = time.perf_counter()
     for step in range(max_steps):
         admitted, failed = stack.admit()
@@ -616,11 +616,6 @@ def planned_then_released(
     """Abort in the planned phase: plan a batch (matches locked, host spans
     locked, batch eviction done), release it without committing, then admit
     the same requests through pop_preallocated."""
-    from sglang.srt.disaggregation.decode_hicache_planner import (
-        plan_prealloc_batch,
-        release_planned,
-    )
-
     from harness.decode_stack import random_tokens
 
     stack, rng, prefixes = _stack_with_cached_prefixes(
@@ -634,8 +629,7 @@ def planned_then_released(
         for i, p in enumerate(prefixes)
     ]
     stack.prealloc.queue.extend(reqs)
-    plan = plan_prealloc_batch(
-        stack.prealloc,
+    plan = stack.prealloc._plan_prealloc_batch(
         list(reqs),
         retractable_tokens=0,
         reserved_restore_tokens=0,
@@ -649,7 +643,7 @@ def planned_then_released(
         protected=int(stack.cache.protected_size()),
         host_lock_refs=_host_lock_refs(stack),
     )
-    release_planned(stack.prealloc, plan)
+    stack.prealloc._release_planned(plan)
     released = dict(
         protected=int(stack.cache.protected_size()),
         host_lock_refs=_host_lock_refs(stack),
@@ -687,7 +681,7 @@ def head_of_queue_admission(
         admitted=admitted,
         queued=[d.req.rid for d in stack.prealloc.queue],
         host_lock_refs=_host_lock_refs(stack),
-        sglang=_sglang_identity(),
+        sglang=sglang_identity(),
     )
 
 
@@ -702,8 +696,6 @@ def plan_digest(
     """One plan over a queue whose prefixes are partly cached; returns the
     plan digest that ranks compare (``diverge_rank`` reserves more decode
     tokens per request on that rank only)."""
-    from sglang.srt.disaggregation.decode_hicache_planner import plan_prealloc_batch
-
     from harness.decode_stack import random_tokens
 
     stack, rng, prefixes = _stack_with_cached_prefixes(
@@ -716,8 +708,8 @@ def plan_digest(
         stack.make_request(f"r{i}", p + random_tokens(rng, 4 * ps))
         for i, p in enumerate(prefixes * 2)
     ]
-    plan = plan_prealloc_batch(
-        stack.prealloc, reqs, retractable_tokens=0, reserved_restore_tokens=0, slots=8
+    plan = stack.prealloc._plan_prealloc_batch(
+        reqs, retractable_tokens=0, reserved_restore_tokens=0, slots=8
     )
     return dict(
         digest=plan.summary(), entries=len(plan.entries), evict=plan.evict_tokens

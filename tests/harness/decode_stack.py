@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+UPSTREAM_TEST_MODULE = "sglang.test.decode_hicache_stack"
+
 
 class KVReceiverStandIn:
     """Stand-in for the PD KV receiver: polls ``WaitingForInput`` (the

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+UPSTREAM_TEST_MODULE = "sglang.test.dsa_hicache_stack"
+
 
 @dataclass
 class DsaStack:

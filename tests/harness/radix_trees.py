@@ -16,6 +16,8 @@ from typing import Any, Optional
 
 import torch
 
+UPSTREAM_TEST_MODULE = "sglang.test.radix_tree_fixtures"
+
 
 @dataclass
 class Tree:

@@ -15,11 +15,13 @@ from types import SimpleNamespace
 import torch
 
 from harness.scenarios import (
-    _normalize,
-    _random_like,
-    _sglang_identity,
+    normalize_trace,
+    random_like,
+    sglang_identity,
     write_random_node,
 )
+
+UPSTREAM_TEST_MODULE = "sglang.test.hicache_rank_shard_scenarios"
 
 
 def _count_group_creation() -> list:
@@ -126,7 +128,7 @@ def sharded_roundtrip(
     for buf in list(pool.kv_buffer) + [
         pool.index_k_with_scale_buffer[i] for i in live_ix
     ]:
-        buf.copy_(_random_like(buf, gen))
+        buf.copy_(random_like(buf, gen))
     if diverge_rank == rank:
         stack.kv_host.alloc(ps)  # this rank's host slots now differ from its peers'
 
@@ -159,10 +161,10 @@ def sharded_roundtrip(
             next_id += 1
             alloc.free(dev)  # the device copy is evicted; its rows get reused
             for l in range(layer_num):
-                pool.kv_buffer[l][dev] = _random_like(pool.kv_buffer[l][dev], gen)
+                pool.kv_buffer[l][dev] = random_like(pool.kv_buffer[l][dev], gen)
             for l in live_ix:
                 ix = pool.index_k_with_scale_buffer[l]
-                ix[pages(dev)] = _random_like(ix[pages(dev)], gen)
+                ix[pages(dev)] = random_like(ix[pages(dev)], gen)
         elif op == "load":
             node_id = rng.choice(sorted(nodes))
             node = nodes[node_id]
@@ -185,11 +187,11 @@ def sharded_roundtrip(
             node_id = rng.choice(sorted(nodes))
             cc.evict_host(nodes.pop(node_id)["host"])
             events.append(("evict_host", node_id))
-    trace = _normalize(kvcacheio.stop_trace(), names)
+    trace = normalize_trace(kvcacheio.stop_trace(), names)
     dist.barrier()
     return dict(
         rank=rank,
-        sglang=_sglang_identity(),
+        sglang=sglang_identity(),
         groups_created=len(groups) if groups is not None else None,
         sharded=shard is not None,
         staging_at_start=staging_at_start,

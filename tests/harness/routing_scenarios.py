@@ -29,11 +29,13 @@ import time
 import uuid
 from array import array
 
+UPSTREAM_TEST_MODULE = "sglang.test.dp_routing_scenarios"
+
 SINK_ENV = "SGLANG_TEST_ROUTING_SINK"
 TREE_ENV = "SGLANG_TEST_ROUTING_TREE"
 
 
-def _sglang_identity() -> dict:
+def sglang_identity() -> dict:
     import sglang
 
     return {"version": sglang.__version__, "file": sglang.__file__}
@@ -43,8 +45,11 @@ def scheduler_standin(
     server_args, port_args, gpu_id, tp_rank, pp_rank, dp_rank, pipe, *display
 ):
     import zmq
+    from sglang.srt.managers.io_struct import sock_recv
     from sglang.srt.utils.network import get_zmq_socket
 
+    # Everything a request needs is imported before "ready" (a spawned
+    # stand-in would otherwise import it on its first request).
     ctx = zmq.Context()
     recv = get_zmq_socket(ctx, zmq.PULL, port_args.scheduler_input_ipc_name, False)
     sink = ctx.socket(zmq.PUSH)
@@ -74,7 +79,7 @@ def scheduler_standin(
     poller.register(recv, zmq.POLLIN)
     while True:
         if poller.poll(20):
-            req = _recv_req(recv)
+            req = sock_recv(recv)
             if tree is not None and getattr(req, "input_ids", None) is not None:
                 from harness.radix_trees import insert
 
@@ -87,12 +92,6 @@ def scheduler_standin(
             sink.send_pyobj((dp_rank, req.rid))
         if publisher is not None:
             publisher.maybe_publish(kv_events.publish_kv_events)
-
-
-def _recv_req(sock):
-    from sglang.srt.managers.io_struct import sock_recv
-
-    return sock_recv(sock)
 
 
 def _standin_cache(port_args, dp_rank, tree_cfg):
@@ -251,7 +250,7 @@ def dispatch_trace(rank, world_size, methods=("round_robin",), **kwargs):
     """Flag-off scenario: for each method, the landing ranks of seeded
     requests under seeded loads."""
     return {
-        "sglang": _sglang_identity(),
+        "sglang": sglang_identity(),
         "runs": {m: _dispatch_trace(m, **kwargs) for m in methods},
     }
 

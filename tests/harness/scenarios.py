@@ -2,7 +2,7 @@
 
 Each scenario is a module-level function ``fn(rank, world_size, **kwargs)`` for
 ``harness.multiproc.run_ranks`` and returns plain data (lists, dicts, bytes) so
-that two runs can be compared with ``harness.compare.diff_results``.
+that two runs can be compared with ``harness.diff.diff_results``.
 """
 
 from __future__ import annotations
@@ -11,14 +11,16 @@ import random
 
 import torch
 
+UPSTREAM_TEST_MODULE = "sglang.test.hicache_l2_scenarios"
 
-def _sglang_identity() -> dict:
+
+def sglang_identity() -> dict:
     import sglang
 
     return {"version": sglang.__version__, "file": sglang.__file__}
 
 
-def _normalize(trace: list[dict], names: dict[int, str]) -> list[dict]:
+def normalize_trace(trace: list[dict], names: dict[int, str]) -> list[dict]:
     out = []
     for call in trace:
         call = dict(call)
@@ -28,7 +30,7 @@ def _normalize(trace: list[dict], names: dict[int, str]) -> list[dict]:
     return out
 
 
-def _random_like(tensor: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+def random_like(tensor: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     if tensor.dtype == torch.uint8:
         return torch.randint(0, 256, tensor.shape, generator=gen, dtype=torch.uint8)
     return torch.randn(tensor.shape, generator=gen).to(tensor.dtype)
@@ -42,10 +44,10 @@ def write_random_node(pool, cc, dev, *, node_id, live_ix, gen, extra_pools):
     pages = dev[::ps] // ps
     layer_num = len(pool.kv_buffer)
     for l in range(layer_num):
-        pool.kv_buffer[l][dev] = _random_like(pool.kv_buffer[l][dev], gen)
+        pool.kv_buffer[l][dev] = random_like(pool.kv_buffer[l][dev], gen)
     for l in live_ix:
         ix = pool.index_k_with_scale_buffer[l]
-        ix[pages] = _random_like(ix[pages], gen)
+        ix[pages] = random_like(ix[pages], gen)
     host = cc.write(dev, node_id=node_id, extra_pools=extra_pools)
     if host is None:
         return None
@@ -114,7 +116,7 @@ def l2_roundtrip(
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     for buf in list(pool.kv_buffer) + list(pool.index_k_with_scale_buffer):
-        buf.copy_(_random_like(buf, gen))
+        buf.copy_(random_like(buf, gen))
 
     names = stack.buffer_names()
     kvcacheio.start_trace()
@@ -170,9 +172,9 @@ def l2_roundtrip(
             node_id = rng.choice(sorted(nodes))
             freed = cc.evict_host(nodes.pop(node_id)["host"])
             events.append(("evict_host", node_id, int(freed)))
-    trace = _normalize(kvcacheio.stop_trace(), names)
+    trace = normalize_trace(kvcacheio.stop_trace(), names)
     return dict(
-        sglang=_sglang_identity(),
+        sglang=sglang_identity(),
         events=events,
         trace=trace,
         device_kv=[

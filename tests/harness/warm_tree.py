@@ -35,23 +35,9 @@ import time
 import traceback
 from pathlib import Path
 
-TESTS_DIR = Path(__file__).resolve().parent.parent
+from harness.gloo_ranks import PRELOAD
 
-# What the scenarios import; a module missing from a tree is skipped here and
-# fails in the scenario that needs it, as it would have without preloading.
-PRELOAD = (
-    "torch",
-    "torch.distributed",
-    "sglang.srt.server_args",
-    "sglang.srt.managers.scheduler",
-    "sglang.srt.managers.data_parallel_controller",
-    "sglang.srt.disaggregation.decode",
-    "sglang.srt.mem_cache.unified_radix_cache",
-    "sglang.srt.mem_cache.hicache_storage",
-    "sglang.srt.mem_cache.memory_pool",
-    "sglang.srt.mem_cache.pool_host.mla",
-    "sglang.srt.mem_cache.pool_host.dsa",
-)
+TESTS_DIR = Path(__file__).resolve().parent.parent
 
 # Starting includes the imports above; on a loaded 2-core machine they take
 # several times their idle 20 s.

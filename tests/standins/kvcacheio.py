@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+UPSTREAM_TEST_MODULE = "sglang.test.cpu_kvcacheio_standin"
+
 TRACE: list[dict] | None = None
 
 

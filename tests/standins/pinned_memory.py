@@ -8,6 +8,8 @@ would have been registered and leaves the buffer as ordinary memory.
 
 from __future__ import annotations
 
+UPSTREAM_TEST_MODULE = "sglang.test.cpu_pinned_memory_standin"
+
 REGISTERED: list[tuple[int, int]] = []
 
 

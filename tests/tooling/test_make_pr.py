@@ -137,20 +137,29 @@ def test_every_registered_test_declares_exactly_one_group():
 
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
-        import make_pr
+        import pr_tests
         from common import read_series
     finally:
         sys.path.remove(str(ROOT / "scripts"))
     groups = {name.split("/")[0] for name in read_series()}
-    files = sorted((ROOT / "tests" / "registered").rglob("test_*.py"))
+    files = pr_tests.registered_tests()
     assert files
     seen = set()
     for path in files:
-        declared = make_pr.declared_groups(path)
+        declared = pr_tests.declared_groups(path)
         assert len(declared) == 1, (path, declared)
-        assert declared[0] in groups | {make_pr.PROJECT_ONLY}, (path, declared)
+        assert declared[0] in groups | {pr_tests.SERIES_WIDE}, (path, declared)
         seen.add(declared[0])
+        suite = pr_tests.cpu_registration(path).get("suite")
+        assert suite in pr_tests.UPSTREAM_CPU_SUITES, (path, suite)
     assert groups <= seen  # every group has tests
-    routing = {p.name for p in make_pr.feature_tests("cache-aware-routing")}
-    assert "test_load_balance_flag_off.py" in routing
+    for group in groups:  # ... and some of them go upstream with its PR
+        assert pr_tests.feature_tests(group), group
+    routing = {p.name for p in pr_tests.feature_tests("cache-aware-routing")}
+    assert "test_cache_aware_dispatch.py" in routing
+    # Comparisons with unpatched upstream and series-wide tests stay here.
+    assert "test_load_balance_flag_off.py" not in routing
+    assert pr_tests.project_only(
+        ROOT / "tests/registered/unit/managers/test_load_balance_flag_off.py"
+    )
     assert "test_drop_in_server.py" not in routing

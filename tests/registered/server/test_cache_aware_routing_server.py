@@ -20,8 +20,9 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from harness.live_server import HICACHE_ARGS, LiveServer, assert_all_gone, greedy
 from harness.live_workloads import conversations, hit_rate, run_conversations
 
-register_cpu_ci(est_time=420, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=420, suite="base-b-test-cpu")
 FEATURE_GROUP = "cache-aware-routing"  # the series group it tests (or "series")
+PROJECT_ONLY = "runs this project's CPU server (stand-ins, local tiny model)"
 
 DP = ["--dp-size", "2"]
 HICACHE = HICACHE_ARGS + ["--hicache-ratio", "4"]

@@ -16,7 +16,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.live_server import HICACHE_ARGS, LiveServer, assert_all_gone, greedy
 
-register_cpu_ci(est_time=300, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=300, suite="base-b-test-cpu")
 FEATURE_GROUP = "series"  # the series group it tests (or "series")
 
 WORDS = (

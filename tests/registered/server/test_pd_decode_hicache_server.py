@@ -28,8 +28,9 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.live_server import LiveServer, assert_all_gone, free_port, greedy
 
-register_cpu_ci(est_time=300, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=300, suite="base-b-test-cpu")
 FEATURE_GROUP = "decode-hicache"  # the series group it tests (or "series")
+PROJECT_ONLY = "runs this project's CPU server (stand-ins, local tiny model)"
 
 PD_ENV = {
     # mooncake registers this address (else the first NIC's).

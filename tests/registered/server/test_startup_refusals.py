@@ -18,7 +18,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.live_server import HICACHE_ARGS, cpu_server, free_port, model_path
 
-register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=90, suite="base-b-test-cpu")
 FEATURE_GROUP = "series"  # the series group it tests (or "series")
 
 # A refusal needs only the launcher's imports (tens of seconds on 2 busy cores).

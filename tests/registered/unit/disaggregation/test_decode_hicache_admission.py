@@ -3,10 +3,11 @@ prefix match, batched pre-allocation planning.
 
 Runs real ``UnifiedRadixCache`` (HiCache host tier) and decode queue objects on
 CPU (``harness.decode_stack``; stand-ins only for the KV receiver, the two
-``kvcacheio`` direct ops and pinned registration) in spawned gloo ranks, against
-unpatched upstream 0.5.23 and the patched tree, on both radix tree cores: each
-class runs on the Python core and its ``...Rust`` subclass on the Rust core
-(0.5.23's default). Identical scenario runs are shared between tests.
+``kvcacheio`` direct ops and pinned registration) in gloo ranks, on both radix
+tree cores: each class runs on the Python core and its ``...Rust`` subclass on
+the Rust core (0.5.23's default). "Greedy" is the same scenario with the
+feature off (``fixes=False``), i.e. 0.5.23's admission. Identical scenario runs
+are shared between tests.
 """
 
 import copy
@@ -15,26 +16,36 @@ import unittest
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from harness.compare import diff_results, run_scenario
+from harness.decode_scenarios import (
+    admission_sim,
+    head_of_queue_admission,
+    host_span_restore,
+    l3_two_phase,
+    peek_vs_match,
+    plan_digest,
+    planned_then_released,
+)
+from harness.diff import diff_results
+from harness.gloo_ranks import run_ranks
 
-register_cpu_ci(est_time=480, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=480, suite="base-a-test-cpu")
 FEATURE_GROUP = "decode-hicache"  # the series group it tests (or "series")
 
-HOST_SPAN = "harness.decode_scenarios:host_span_restore"
-SIM = "harness.decode_scenarios:admission_sim"
-L3 = "harness.decode_scenarios:l3_two_phase"
-HEAD = "harness.decode_scenarios:head_of_queue_admission"
-PEEK = "harness.decode_scenarios:peek_vs_match"
+HOST_SPAN = host_span_restore
+SIM = admission_sim
+L3 = l3_two_phase
+HEAD = head_of_queue_admission
+PEEK = peek_vs_match
 PRESSURE = dict(size=1024, steps=24, arrivals=(1, 4))
 
 _RUNS: dict = {}
 
 
-def _run(which, target, world_size=1, **kwargs):
-    """``run_scenario``, memoized on its arguments (scenarios are seeded)."""
-    key = (which, target, world_size, repr(sorted(kwargs.items())))
+def _run(target, world_size=1, **kwargs):
+    """``run_ranks``, memoized on its arguments (scenarios are seeded)."""
+    key = (target.__name__, world_size, repr(sorted(kwargs.items())))
     if key not in _RUNS:
-        _RUNS[key] = run_scenario(which, target, world_size, **kwargs)
+        _RUNS[key] = run_ranks(target, world_size, **kwargs)
     return copy.deepcopy(_RUNS[key])
 
 
@@ -44,8 +55,8 @@ class _OnTreeCore(unittest.TestCase):
 
     tree_core = "python"
 
-    def scenario(self, which, target, world_size=1, **kwargs):
-        return _run(which, target, world_size, tree_core=self.tree_core, **kwargs)
+    def scenario(self, target, world_size=1, **kwargs):
+        return _run(target, world_size, tree_core=self.tree_core, **kwargs)
 
 
 def _strip(results):
@@ -59,7 +70,7 @@ def _strip(results):
 class TestPeekPrefix(_OnTreeCore):
     def test_peek_equals_match_and_changes_nothing(self):
         for seed in (0, 1):
-            (r,) = self.scenario("patched", PEEK, 1, seed=seed)
+            (r,) = self.scenario(PEEK, 1, seed=seed)
             self.assertEqual(r["device_checked"], r["rounds"])
             if self.tree_core == "python":  # the Rust core reports no host part
                 self.assertEqual(r["checked"], r["rounds"])
@@ -74,23 +85,16 @@ class TestPeekPrefix(_OnTreeCore):
 
 
 class TestHostSpanLock(_OnTreeCore):
-    def test_upstream_fails_the_restore_after_host_eviction(self):
+    def test_flag_off_fails_the_restore_after_host_eviction(self):
         # Reproduces the 0.5.23 failure: only the last device node is locked,
         # host eviction drops the promised span, the restore FAILs (HTTP 500).
-        (up,) = self.scenario("upstream", HOST_SPAN, 1, fixes=False)
-        self.assertEqual(up["sglang"]["version"], "0.5.23")
+        (up,) = self.scenario(HOST_SPAN, 1, fixes=False)
         self.assertEqual((up["l1"], up["l2"], up["promised"]), (0, 256, 256))
         self.assertEqual(up["host_evicted"], 256)
         self.assertEqual(up["status"], "failed")
 
-    def test_flag_off_patched_behaves_like_upstream(self):
-        up = self.scenario("upstream", HOST_SPAN, 1, fixes=False)
-        patched = self.scenario("patched", HOST_SPAN, 1, fixes=False)
-        self.assertNotEqual(up[0]["sglang"]["file"], patched[0]["sglang"]["file"])
-        self.assertEqual(diff_results(_strip(up), _strip(patched)), [])
-
     def test_locked_span_survives_host_eviction_and_restores_bit_exact(self):
-        (r,) = self.scenario("patched", HOST_SPAN, 1, fixes=True)
+        (r,) = self.scenario(HOST_SPAN, 1, fixes=True)
         self.assertTrue(r["host_locked"])
         self.assertEqual(r["host_evicted"], 0)
         self.assertEqual(r["status"], "ready")
@@ -100,23 +104,15 @@ class TestHostSpanLock(_OnTreeCore):
         self.assertEqual(r["after"]["device_protected"], 0)
 
     def test_span_released_when_nothing_evicts(self):
-        (r,) = self.scenario(
-            "patched", HOST_SPAN, 1, fixes=True, evict_host_first=False
-        )
+        (r,) = self.scenario(HOST_SPAN, 1, fixes=True, evict_host_first=False)
         self.assertEqual(r["status"], "ready")
         self.assertTrue(r["restored_bytes_equal"])
         self.assertEqual(r["host_lock_refs"], 0)
 
 
 class TestAdmissionPlanning(_OnTreeCore):
-    def test_flag_off_admission_identical_to_upstream(self):
-        up = self.scenario("upstream", SIM, 1, fixes=False, seed=3, **PRESSURE)
-        patched = self.scenario("patched", SIM, 1, fixes=False, seed=3, **PRESSURE)
-        self.assertGreater(up[0]["totals"]["evict_calls"], 0)  # under pressure
-        self.assertEqual(diff_results(_strip(up), _strip(patched)), [])
-
     def test_planned_admission_leaks_nothing(self):
-        (r,) = self.scenario("patched", SIM, 1, fixes=True, seed=3, **PRESSURE)
+        (r,) = self.scenario(SIM, 1, fixes=True, seed=3, **PRESSURE)
         t = r["totals"]
         self.assertGreater(t["admitted"], 10)
         self.assertGreater(t["evict_calls"], 0)
@@ -132,23 +128,25 @@ class TestAdmissionPlanning(_OnTreeCore):
     def test_queue_head_admitted_like_greedy(self):
         # Regression: the commit loop re-judged a planned request against the
         # budget with *all* planned prefixes locked and rejected it every round.
-        up = self.scenario("upstream", HEAD, 1, fixes=False)
-        (r,) = self.scenario("patched", HEAD, 1, fixes=True)
-        self.assertEqual(up[0]["admitted"][0], ["r1", "r2"])
-        self.assertEqual(r["admitted"], up[0]["admitted"])
+        greedy = self.scenario(HEAD, 1, fixes=False)
+        (r,) = self.scenario(HEAD, 1, fixes=True)
+        self.assertEqual(greedy[0]["admitted"][0], ["r1", "r2"])
+        self.assertEqual(r["admitted"], greedy[0]["admitted"])
         self.assertEqual(r["queued"], [])
         self.assertEqual(r["host_lock_refs"], 0)
 
     def test_one_page_aligned_eviction_per_admission_round(self):
-        up = self.scenario("upstream", SIM, 1, fixes=False, seed=3, **PRESSURE)
-        (r,) = self.scenario("patched", SIM, 1, fixes=True, seed=3, **PRESSURE)
-        # Same admissions, round by round, as upstream's greedy loop.
+        greedy = self.scenario(SIM, 1, fixes=False, seed=3, **PRESSURE)
+        (r,) = self.scenario(SIM, 1, fixes=True, seed=3, **PRESSURE)
+        # Same admissions, round by round, as 0.5.23's greedy loop.
         self.assertEqual(
-            [s["admitted"] for s in up[0]["per_step"]],
+            [s["admitted"] for s in greedy[0]["per_step"]],
             [s["admitted"] for s in r["per_step"]],
         )
         # Greedy evicts per request: some rounds need several calls.
-        self.assertGreater(max(s["admit_evict_calls"] for s in up[0]["per_step"]), 1)
+        self.assertGreater(
+            max(s["admit_evict_calls"] for s in greedy[0]["per_step"]), 1
+        )
         # The plan evicts once per round, a whole number of pages, and the
         # commit loop then finds its pages free (no further eviction; restores
         # may still evict for their load-back later in the step).
@@ -165,9 +163,9 @@ class TestAdmissionPlanning(_OnTreeCore):
         # peek_prefix's host length is replaced by a value whose every use
         # raises: the plans, admissions and evictions stay the same, so the
         # Rust core's device-only peek_prefix is all the planner needs.
-        (ref,) = self.scenario("patched", SIM, 1, fixes=True, seed=3, **PRESSURE)
+        (ref,) = self.scenario(SIM, 1, fixes=True, seed=3, **PRESSURE)
         (r,) = self.scenario(
-            "patched", SIM, 1, fixes=True, seed=3, host_len_unused=True, **PRESSURE
+            SIM, 1, fixes=True, seed=3, host_len_unused=True, **PRESSURE
         )
         self.assertGreater(r.pop("peek_calls"), 0)
         self.assertEqual(diff_results(_strip([ref]), _strip([r])), [])
@@ -175,7 +173,6 @@ class TestAdmissionPlanning(_OnTreeCore):
     def test_plan_identical_on_every_rank(self):
         for world in (2, 4) if self.tree_core == "python" else (2,):
             results = self.scenario(
-                "patched",
                 SIM,
                 world,
                 fixes=True,
@@ -194,17 +191,16 @@ class TestAdmissionPlanning(_OnTreeCore):
             self.skipTest("checks the consensus checker; runs on the Python core")
         # Negative control: rank 1 reserves more decode tokens per request (its
         # tree and queue are identical), so only its plan differs ...
-        digest = "harness.decode_scenarios:plan_digest"
-        same = self.scenario("patched", digest, 2)
+        digest = plan_digest
+        same = self.scenario(digest, 2)
         self.assertEqual(same[0], same[1])
         self.assertGreater(same[0]["entries"], 0)
-        r0, r1 = self.scenario("patched", digest, 2, diverge_rank=1)
+        r0, r1 = self.scenario(digest, 2, diverge_rank=1)
         self.assertNotEqual(r0["digest"], r1["digest"])
         # ... and with the checker on, the ranks are stopped.
         kw = dict(fixes=True, seed=5, diverge_rank=1, **PRESSURE)
         with self.assertRaisesRegex(RuntimeError, "failed ranks"):
             self.scenario(
-                "patched",
                 SIM,
                 2,
                 timeout=120,
@@ -217,21 +213,21 @@ class TestAdmissionPlanning(_OnTreeCore):
 class TestTwoPhaseL3Prefetch(_OnTreeCore):
     """A prefix only in L3 storage (real file backend)."""
 
-    def _run(self, which, **kw):
+    def _run(self, **kw):
         with tempfile.TemporaryDirectory() as d:
-            (r,) = self.scenario(which, L3, 1, storage_dir=d, **kw)
+            (r,) = self.scenario(L3, 1, storage_dir=d, **kw)
         self.assertEqual(r["evicted"], (256, 256))
         return r
 
-    def test_upstream_promises_l3_then_fails_when_the_prefetch_stops_short(self):
-        # best_effort stops the prefetch at the first check: upstream has
+    def test_flag_off_promises_l3_then_fails_when_the_prefetch_stops_short(self):
+        # best_effort stops the prefetch at the first check: 0.5.23 has
         # already promised the L3 span to prefill, so the restore FAILs.
-        r = self._run("upstream", fixes=False, policy="best_effort")
+        r = self._run(fixes=False, policy="best_effort")
         self.assertEqual((r["admitted_at"], r["l3"], r["promised"]), (0, 256, 256))
         self.assertEqual(r["status"], "failed")
 
     def test_two_phase_waits_for_host_then_promises_only_what_landed(self):
-        r = self._run("patched", fixes=True, policy="wait_complete")
+        r = self._run(fixes=True, policy="wait_complete")
         self.assertGreaterEqual(r["admitted_at"], 1)  # held while prefetching
         self.assertEqual((r["l2"], r["l3"], r["promised"]), (256, 0, 256))
         self.assertEqual(r["status"], "ready")
@@ -239,7 +235,7 @@ class TestTwoPhaseL3Prefetch(_OnTreeCore):
         self.assertEqual(r["host_lock_refs"], 0)
 
     def test_two_phase_never_promises_what_did_not_land(self):
-        r = self._run("patched", fixes=True, policy="best_effort")
+        r = self._run(fixes=True, policy="best_effort")
         self.assertEqual(r["l3"], 0)
         self.assertEqual(r["promised"], r["l1"] + r["l2"])
         self.assertEqual(r["status"], "ready")
@@ -248,7 +244,7 @@ class TestTwoPhaseL3Prefetch(_OnTreeCore):
     def test_two_phase_under_the_timeout_policy_promises_only_host_rows(self):
         # timeout: the prefetch settles when it completes or its deadline
         # passes; either way only what reached host memory is promised.
-        r = self._run("patched", fixes=True, policy="timeout")
+        r = self._run(fixes=True, policy="timeout")
         self.assertGreaterEqual(r["admitted_at"], 1)  # held while prefetching
         self.assertEqual(r["l3"], 0)
         self.assertEqual(r["promised"], r["l1"] + r["l2"])
@@ -261,7 +257,6 @@ class TestTwoPhaseL3Prefetch(_OnTreeCore):
         # for the same rounds, then promise and restore the same host rows.
         with tempfile.TemporaryDirectory() as d:
             results = self.scenario(
-                "patched",
                 L3,
                 2,
                 storage_dir=d,
@@ -281,17 +276,11 @@ class TestTwoPhaseL3Prefetch(_OnTreeCore):
             self.assertTrue(r["restored_bytes_equal"])
             self.assertEqual(r["host_lock_refs"], 0)
 
-    def test_flag_off_l3_admission_identical_to_upstream(self):
-        up = self._run("upstream", fixes=False, policy="wait_complete")
-        patched = self._run("patched", fixes=False, policy="wait_complete")
-        self.assertEqual(diff_results(_strip([up]), _strip([patched])), [])
-
 
 class TestAbortCleanup(_OnTreeCore):
     def test_abort_while_prefetching_releases_everything(self):
         with tempfile.TemporaryDirectory() as d:
             (r,) = self.scenario(
-                "patched",
                 L3,
                 1,
                 storage_dir=d,
@@ -305,7 +294,7 @@ class TestAbortCleanup(_OnTreeCore):
         self.assertEqual(r["host_lock_refs"], 0)
 
     def test_abort_while_restoring_releases_everything(self):
-        (r,) = self.scenario("patched", HOST_SPAN, 1, fixes=True, abort_restoring=True)
+        (r,) = self.scenario(HOST_SPAN, 1, fixes=True, abort_restoring=True)
         self.assertEqual(r["status"], "pending")
         self.assertTrue(r["host_locked"])
         self.assertEqual(r["host_lock_refs"], 0)
@@ -318,9 +307,7 @@ class TestAbortCleanup(_OnTreeCore):
         self.assertEqual(r["after"]["host_available"], r["start"]["host_available"])
 
     def test_planned_but_not_committed_releases_everything(self):
-        (r,) = self.scenario(
-            "patched", "harness.decode_scenarios:planned_then_released", 1
-        )
+        (r,) = self.scenario(planned_then_released, 1)
         p = r["planned"]
         self.assertEqual(p["entries"], 3)
         self.assertEqual(p["host_spans"], 1)
@@ -338,7 +325,7 @@ class TestAbortCleanup(_OnTreeCore):
         self.assertEqual(r["admitted"], ["r0", "r1", "r2"])
 
     def test_abort_while_queued_releases_everything(self):
-        (r,) = self.scenario("patched", HOST_SPAN, 1, fixes=True, abort_queued=True)
+        (r,) = self.scenario(HOST_SPAN, 1, fixes=True, abort_queued=True)
         self.assertEqual(r["admitted"], [])
         self.assertEqual(r["after"], r["start"])
         self.assertEqual(r["host_lock_refs"], 0)
@@ -349,7 +336,7 @@ class TestTreeCoresAgree(unittest.TestCase):
         # Same workload, same plans (digests), admissions and evictions on the
         # Python core (peek_prefix with host lengths) and the Rust core.
         py, rust = (
-            _run("patched", SIM, 1, fixes=True, seed=3, tree_core=c, **PRESSURE)
+            _run(SIM, 1, fixes=True, seed=3, tree_core=c, **PRESSURE)
             for c in ("python", "rust")
         )
         self.assertGreater(len(py[0]["plans"]), 0)

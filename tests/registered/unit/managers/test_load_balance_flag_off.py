@@ -11,10 +11,12 @@ import unittest
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from harness.compare import diff_results, run_scenario
+from harness.compare import run_scenario
+from harness.diff import diff_results
 
-register_cpu_ci(est_time=210, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=210, suite="base-a-test-cpu")
 FEATURE_GROUP = "cache-aware-routing"  # the series group it tests (or "series")
+PROJECT_ONLY = "compares dispatch traces with unpatched upstream"
 
 SCENARIO = "harness.routing_scenarios:dispatch_trace"
 METHODS = ("round_robin", "total_requests", "total_tokens", "follow_bootstrap_room")

@@ -16,7 +16,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.radix_trees import build_tree, enable_hicache, evict, insert, match
 
-register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=60, suite="base-a-test-cpu")
 FEATURE_GROUP = "cache-aware-routing"  # the series group it tests (or "series")
 
 BACKENDS = ("python", "rust")

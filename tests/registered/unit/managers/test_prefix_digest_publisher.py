@@ -15,7 +15,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.radix_trees import build_tree, insert
 
-register_cpu_ci(est_time=20, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=20, suite="base-a-test-cpu")
 FEATURE_GROUP = "cache-aware-routing"  # the series group it tests (or "series")
 
 

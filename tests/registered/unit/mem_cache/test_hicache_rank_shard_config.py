@@ -16,10 +16,10 @@ import torch
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.dsa_stack import publish_server_args
-from harness.multiproc import run_ranks
+from harness.gloo_ranks import run_ranks
 from harness.rank_shard_scenarios import inactive_reasons
 
-register_cpu_ci(est_time=40, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=40, suite="base-a-test-cpu")
 FEATURE_GROUP = "hicache-rank-shard"  # the series group it tests (or "series")
 
 
@@ -99,6 +99,10 @@ class TestKnobs(unittest.TestCase):
 class TestActivationMatrix(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
+        from sglang.srt.runtime_context import reset_context
+
+        # The published topology is process-wide: leave none behind.
+        cls.addClassCleanup(reset_context)
         publish_server_args(0, 2)
         cls.pool = _dsa_pool()
 
@@ -245,7 +249,9 @@ class TestCapacity(unittest.TestCase):
         from sglang.srt.mem_cache.hicache_rank_shard import (
             rank_shard_host_token_capacity,
         )
+        from sglang.srt.runtime_context import reset_context
 
+        self.addCleanup(reset_context)
         publish_server_args(0, 2)
         for layers in (61, 5):
             for tp in (2, 4, 8):

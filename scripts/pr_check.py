@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""Run a feature's PR tests as upstream's CI would, on the PR alone.
+
+    python scripts/pr_check.py cache-aware-routing    # make pr-check FEATURE=...
+
+Extracts the PR (``make_pr``), lays out build/pr-check/<feature>/ as
+upstream's repository (``python/sglang`` = the pinned release with the PR's
+patches at zero fuzz, ``test/registered/...`` and the test modules the PR
+adds), then runs each test file as upstream's CPU CI does: ``python3
+test_x.py`` in its folder, with only ``python/`` on the path. The interpreter
+is this one (the CPU test venv's packages); a check first proves that
+``import sglang`` resolves to the layout, not to an installed sglang.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import BUILD, ToolError, read_series, run_main  # noqa: E402
+from make_pr import lay_out, make_pr  # noqa: E402
+from pr_tests import cpu_registration  # noqa: E402
+
+# A test's time limit: its registered estimate times this, at least the floor
+# (the estimate is for upstream's CI machines; ours may be slower and busy).
+TIMEOUT_FACTOR = 6
+TIMEOUT_FLOOR_S = 300
+
+
+def _env(layout: Path) -> dict:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "SGL_PATCHED_TREE") and not k.startswith("SGL_")
+    }
+    env["PYTHONPATH"] = str(layout / "python")
+    return env
+
+
+def _run(path: Path, env: dict, limit: float, log: Path) -> str:
+    """``python3 <test>`` in its folder; on timeout the test's whole process
+    group (its ranks, servers) is killed."""
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, path.name],
+            cwd=path.parent,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            code = proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    if code is None:
+        return f"FAIL (over {limit:.0f} s)"
+    return "pass" if code == 0 else f"FAIL ({code})"
+
+
+def pr_check(feature: str) -> list[tuple[str, str, float, str]]:
+    out = make_pr(feature, os.environ.get("PR_AUTHOR") or None)
+    entries = [e for e in read_series() if e.startswith(feature + "/")]
+    layout = BUILD / "pr-check" / feature
+    if layout.exists():
+        shutil.rmtree(layout)
+    layout.mkdir(parents=True)
+    lay_out(out, entries, layout)
+    shutil.copytree(out / "tests", layout, dirs_exist_ok=True)
+    env = _env(layout)
+    where = subprocess.run(
+        [sys.executable, "-c", "import sglang; print(sglang.__file__)"],
+        cwd=layout,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    expected = layout / "python" / "sglang" / "__init__.py"
+    if where.returncode != 0 or Path(where.stdout.strip()) != expected:
+        raise ToolError(
+            f"import sglang does not resolve to {expected}: "
+            f"{where.stdout.strip() or where.stderr.strip()}"
+        )
+    tests = sorted((layout / "test" / "registered").rglob("test_*.py"))
+    if not tests:
+        raise ToolError(f"the {feature} PR carries no test that runs upstream")
+    rows = []
+    for path in tests:
+        rel = str(path.relative_to(layout))
+        reg = cpu_registration(path)
+        limit = max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR * float(reg.get("est_time", 60)))
+        log = path.with_suffix(".log")
+        start = time.monotonic()
+        result = _run(path, env, limit, log)
+        rows.append((rel, reg.get("suite", "?"), time.monotonic() - start, result))
+        print(
+            f"{result:>14}  {rows[-1][2]:6.1f} s  {reg.get('suite')}  {rel}", flush=True
+        )
+        if result != "pass":
+            print(log.read_text()[-4000:], file=sys.stderr)
+    return rows
+
+
+def main() -> None:
+    if len(sys.argv) != 2:
+        raise ToolError("usage: pr_check.py <feature group>")
+    rows = pr_check(sys.argv[1])
+    failed = [r for r in rows if r[3] != "pass"]
+    print(f"{len(rows) - len(failed)} of {len(rows)} PR test files pass upstream-style")
+    if failed:
+        raise ToolError("failed upstream-style: " + ", ".join(r[0] for r in failed))
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,216 @@
+"""Run one function per rank in N real processes joined into a gloo group.
+
+``run_ranks(fn, world_size, *args, timeout=..., env=..., **kwargs)`` calls
+``fn(rank, world_size, *args, **kwargs)`` in ``world_size`` processes and
+returns the per-rank results in rank order. A rank that raises fails the run
+with its traceback and the tail of its output; ranks still running at the
+timeout, or whose peer failed (they may block in a collective forever), are
+killed and the error names them. ``fn`` must be a module-level function.
+
+The ranks are forked by multiprocessing's fork server, which imports
+``PRELOAD`` (sglang's scheduler stack) once per test process, so a run costs
+its own work rather than an import of sglang per rank; each rank is still a
+process of its own, started from that clean image (never from the test
+process). ``set_runner`` installs another runner: this project's pytest setup
+installs its warm-interpreter runner (``harness.multiproc``), one warm image
+per sglang tree for the whole session.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import multiprocessing
+import os
+import pickle
+import signal
+import sys
+import tempfile
+import time
+import traceback
+
+UPSTREAM_TEST_MODULE = "sglang.test.gloo_ranks"
+
+# Imported once by the fork server (and by harness.warm_tree), never by ranks;
+# a module missing from a tree is skipped and fails in the scenario needing it.
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "sglang.srt.server_args",
+    "sglang.srt.managers.scheduler",
+    "sglang.srt.managers.data_parallel_controller",
+    "sglang.srt.disaggregation.decode",
+    "sglang.srt.mem_cache.unified_radix_cache",
+    "sglang.srt.mem_cache.hicache_storage",
+    "sglang.srt.mem_cache.memory_pool",
+    "sglang.srt.mem_cache.pool_host.mla",
+    "sglang.srt.mem_cache.pool_host.dsa",
+)
+
+_runner = None
+
+
+class RankFailure(RuntimeError):
+    pass
+
+
+def set_runner(runner) -> None:
+    """``runner(fn, world_size, *args, timeout, backend, env, **kwargs)``
+    replaces the fork-server runner (None restores it)."""
+    global _runner
+    _runner = runner
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def rank_body(fn, rank, world_size, args, kwargs, env, backend, tmp) -> int:
+    """One rank: output to ``tmp/rank<r>.log``, joins the group, runs ``fn``,
+    leaves ``("ok", result)`` or ``("error", traceback)`` in
+    ``tmp/rank<r>.pkl``; returns its exit code."""
+    log = os.open(f"{tmp}/rank{rank}.log", os.O_WRONLY | os.O_CREAT, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    _die_with_parent()
+    atexit._clear()  # only what the scenario registers runs at its end
+    ok = False
+    try:
+        os.environ.update(env or {})
+        import torch.distributed as dist
+
+        dist.init_process_group(
+            backend,
+            init_method=f"file://{tmp}/rendezvous",
+            rank=rank,
+            world_size=world_size,
+        )
+        payload = ("ok", fn(rank, world_size, *args, **kwargs))
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
+        ok = True
+    except BaseException:
+        payload = ("error", traceback.format_exc())
+    try:
+        data = pickle.dumps(payload)
+    except BaseException:
+        ok, data = False, pickle.dumps(("error", traceback.format_exc()))
+    with open(f"{tmp}/rank{rank}.tmp", "wb") as f:
+        f.write(data)
+    os.rename(f"{tmp}/rank{rank}.tmp", f"{tmp}/rank{rank}.pkl")
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    return 0 if ok else 1
+
+
+def _log_tail(tmp: str, rank: int, chars: int = 3000) -> str:
+    try:
+        with open(f"{tmp}/rank{rank}.log", errors="replace") as f:
+            return f.read()[-chars:]
+    except OSError:
+        return ""
+
+
+def collect(tmp: str, world_size: int, timeout: float, reap, kill) -> list:
+    """The ranks' results in rank order. ``reap()`` returns the (rank, exit
+    status) of ranks that ended since its last call, without blocking;
+    ``kill()`` kills and reaps the ranks still running and returns them."""
+    out, errors = {}, {}
+    deadline = time.monotonic() + timeout
+    while len(out) + len(errors) < world_size and not errors:
+        if time.monotonic() > deadline:
+            break
+        ended = reap()
+        if not ended:
+            time.sleep(0.02)
+        for rank, status in ended:
+            try:
+                with open(f"{tmp}/rank{rank}.pkl", "rb") as f:
+                    kind, payload = pickle.load(f)
+            except OSError:
+                kind, payload = "error", f"process exited with status {status}"
+            if kind == "ok":
+                out[rank] = payload
+            else:
+                errors[rank] = f"{payload}\n--- rank {rank} output ---\n" + _log_tail(
+                    tmp, rank
+                )
+    stragglers = sorted(kill())
+    if errors:
+        first = min(errors)
+        raise RankFailure(
+            f"rank {first} failed (of {world_size}; failed ranks {sorted(errors)}, "
+            f"killed {stragglers}):\n{errors[first]}"
+        )
+    if len(out) < world_size:
+        missing = [r for r in range(world_size) if r not in out]
+        raise RankFailure(
+            f"timeout after {timeout:.0f}s: ranks {missing} did not finish "
+            f"(killed {stragglers})"
+        )
+    return [out[r] for r in range(world_size)]
+
+
+def _started(*args) -> None:
+    # As a forked rank: no interpreter shutdown (a scenario may leave
+    # non-daemon threads running once its result is written).
+    os._exit(rank_body(*args))
+
+
+def start_ranks(fn, world_size, args=(), kwargs=None, *, timeout, env, backend):
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRELOAD))  # used when the server starts
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = {
+            rank: ctx.Process(
+                target=_started,
+                args=(fn, rank, world_size, args, kwargs or {}, env, backend, tmp),
+            )
+            for rank in range(world_size)
+        }
+        for proc in procs.values():
+            proc.start()
+        running = dict(procs)
+
+        def reap():
+            ended = [
+                (r, p.exitcode) for r, p in running.items() if p.exitcode is not None
+            ]
+            for rank, _ in ended:
+                running.pop(rank).join()
+            return ended
+
+        def kill():
+            for proc in running.values():
+                proc.kill()
+                proc.join()
+            return list(running)
+
+        return collect(tmp, world_size, timeout, reap, kill)
+
+
+def run_ranks(
+    fn,
+    world_size: int,
+    *args,
+    timeout: float = 480.0,
+    backend: str = "gloo",
+    env: dict | None = None,
+    **kwargs,
+):
+    if _runner is not None:
+        return _runner(
+            fn, world_size, *args, timeout=timeout, backend=backend, env=env, **kwargs
+        )
+    return start_ranks(
+        fn, world_size, args, kwargs, timeout=timeout, env=env, backend=backend
+    )

@@ -1,0 +1,114 @@
+"""make pr-check: a group's PR tests run as upstream's CPU CI runs them
+(``python3 test_x.py`` in its folder) on the pinned release with that PR
+alone; the PR's copies import only sglang (the project modules they need
+carried under python/sglang/test/); a test that needs an unmapped project
+module, or a suite upstream does not run, is refused."""
+
+import ast
+import sys
+
+import pytest
+
+from .conftest import ROOT, run_script
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import pr_tests  # noqa: E402
+from common import ToolError, read_series  # noqa: E402
+
+sys.path.remove(str(ROOT / "scripts"))
+
+GROUPS = sorted({name.split("/")[0] for name in read_series()})
+
+
+def _project_imports(path):
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.append(node.module)
+        elif isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+    return [n for n in names if n.split(".")[0] in ("harness", "standins")]
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_pr_tests_pass_upstream_style_on_the_pr_alone(sandbox, group):
+    tmp, env = sandbox
+    proc = run_script("pr_check.py", group, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    expected = len(pr_tests.feature_tests(group))
+    assert f"{expected} of {expected} PR test files pass" in proc.stdout
+    layout = tmp / "build" / "pr-check" / group
+    sglang = layout / "python" / "sglang"
+    assert (sglang / "__init__.py").is_file()
+    carried = sorted((layout / "test").rglob("*.py")) + sorted(
+        (sglang / "test").glob("*.py")
+    )
+    for path in carried:
+        assert not _project_imports(path), path
+        assert "FEATURE_GROUP" not in path.read_text(), path
+
+
+def _fake_tests(tmp_path, monkeypatch, test_body):
+    tests = tmp_path / "tests"
+    (tests / "registered" / "unit").mkdir(parents=True)
+    (tests / "harness").mkdir()
+    (tests / "standins").mkdir()
+    (tests / "harness" / "compare.py").write_text("X = 1\n")
+    (tests / "harness" / "fixtures.py").write_text(
+        'UPSTREAM_TEST_MODULE = "sglang.test.fake_fixtures"\n\n\n'
+        "def build():\n    from standins import ops\n\n    return ops\n"
+    )
+    (tests / "standins" / "ops.py").write_text(
+        'UPSTREAM_TEST_MODULE = "sglang.test.cpu_ops_standin"\n'
+    )
+    (tests / "registered" / "unit" / "test_fake.py").write_text(
+        "from sglang.test.ci.ci_register import register_cpu_ci\n\n"
+        + test_body
+        + 'FEATURE_GROUP = "fake"\n'
+    )
+    monkeypatch.setattr(pr_tests, "ROOT", tmp_path)
+    monkeypatch.setattr(pr_tests, "TESTS", tests)
+    monkeypatch.setattr(pr_tests, "REGISTERED", tests / "registered")
+
+
+def test_carried_modules_are_renamed_to_their_upstream_names(tmp_path, monkeypatch):
+    _fake_tests(
+        tmp_path,
+        monkeypatch,
+        "from harness.fixtures import build\n"
+        'register_cpu_ci(est_time=5, suite="base-a-test-cpu")\n',
+    )
+    out = pr_tests.extract("fake")
+    assert out.tests == ["test/registered/unit/test_fake.py"]
+    assert set(out.files) == {
+        "test/registered/unit/test_fake.py",
+        "python/sglang/test/fake_fixtures.py",
+        "python/sglang/test/cpu_ops_standin.py",
+    }
+    test = out.files["test/registered/unit/test_fake.py"]
+    assert "from sglang.test.fake_fixtures import build\n" in test
+    assert "FEATURE_GROUP" not in test
+    fixtures = out.files["python/sglang/test/fake_fixtures.py"]
+    assert "    from sglang.test import cpu_ops_standin as ops\n" in fixtures
+    assert "UPSTREAM_TEST_MODULE" not in fixtures
+
+
+def test_an_unmapped_project_module_is_refused(tmp_path, monkeypatch):
+    _fake_tests(
+        tmp_path,
+        monkeypatch,
+        "from harness.compare import X\n"
+        'register_cpu_ci(est_time=5, suite="base-a-test-cpu")\n',
+    )
+    with pytest.raises(ToolError, match=r"harness\.compare.*UPSTREAM_TEST_MODULE"):
+        pr_tests.extract("fake")
+
+
+def test_a_suite_upstream_does_not_run_is_refused(tmp_path, monkeypatch):
+    _fake_tests(
+        tmp_path,
+        monkeypatch,
+        'register_cpu_ci(est_time=5, suite="stage-a-test-cpu")\n',
+    )
+    with pytest.raises(ToolError, match="base-a-test-cpu"):
+        pr_tests.extract("fake")
