@@ -13,7 +13,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# A copy of the tree without .git (the GPU host's) carries the revision and
+# label of the tree it was made from here (gpu_bundle.sh writes it).
+BUNDLED = ROOT / ".gpu" / "revision.json"
+
+
+def _bundled(key: str) -> str | None:
+    try:
+        import json
+
+        return json.loads(BUNDLED.read_text())[key]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def git_revision() -> str:
+    if not (ROOT / ".git").exists() and _bundled("git_revision"):
+        return _bundled("git_revision")
     try:
         return subprocess.run(
             ["git", "-C", str(ROOT), "rev-parse", "HEAD"],
@@ -27,6 +43,8 @@ def git_revision() -> str:
 
 def series_label() -> str:
     """The local version label ``make wheel`` gives the series as committed."""
+    if not (ROOT / ".git").exists() and _bundled("series_label"):
+        return _bundled("series_label")
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
         from build_wheel import default_label

@@ -4,10 +4,16 @@
     python benchmark/results_index.py --check  # fail when a table is stale
 
 One row per result file in ``benchmark/<feature>/results/`` (date from the file
-name, the script and its arguments, git revision, series label, machine) and
-one per run folder (``results/<run>/``, as the GPU runs are stored). The table
-sits between two markers in the folder's README.md; a tooling test keeps it
-current.
+name, the script and its arguments, git revision, series label, machine) and,
+in a second table, one per run folder (``results/<run>/``, as the GPU runs are
+stored): the date its JSON records (``recorded_date``: the commit date of
+its revision), the variant (the
+folder's name), revision, series label, machine, key figures and its JSON files.
+Key figures: the median load-back time of each load file over both ranks (the
+first load of each rank dropped), the ratio of ``sharded<suffix>.json`` to
+``replicated<suffix>.json``, the forward gate, and the ``ratio_vs_*`` figures
+of probes. The tables sit between two markers in the folder's README.md; a
+tooling test keeps them current.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -38,6 +45,111 @@ def _machine(data: dict) -> str:
 
 def _cell(text) -> str:
     return str(text).replace("|", "\\|") if text not in (None, "") else "–"
+
+
+def _distinct(values) -> list:
+    return list(dict.fromkeys(v for v in values if v))
+
+
+def _load_ms(data: dict) -> float | None:
+    """Median load-back time over all ranks, the first load of each dropped."""
+    if data.get("status") != "ok":
+        return None
+    loads = [x for r in data.get("results", []) for x in r.get("load_event_ms", [])[1:]]
+    return statistics.median(loads) if loads else None
+
+
+def _probe_ratios(data: dict) -> list[str]:
+    """``ratio_vs_*`` of a probe: each variant's range over ranks (the baseline,
+    exactly 1 everywhere, left out)."""
+    out = []
+    for key, table in data.items():
+        if not key.startswith("ratio_vs_") or not isinstance(table, dict):
+            continue
+        leaves: dict[str, list[float]] = {}
+        for name, value in table.items():
+            pairs = value.items() if isinstance(value, dict) else [(name, value)]
+            for leaf, x in pairs:
+                leaves.setdefault(leaf, []).append(x)
+        for leaf, xs in leaves.items():
+            if any(x != 1.0 for x in xs):
+                lo, hi = f"{min(xs):.3f}", f"{max(xs):.3f}"
+                out.append(f"{leaf} ×{lo}" + (f"–{hi}" if hi != lo else ""))
+    return out
+
+
+def _figures(loaded: dict[str, dict]) -> str:
+    parts, gate = [], []
+    for name, data in loaded.items():
+        stem = name.removesuffix(".json")
+        ms = _load_ms(data)
+        first = (data.get("results") or [{}])[0]
+        if first.get("mode") == "gate":
+            if data.get("status") == "ok":
+                bad = sum(r.get("gate_bad_allreduce", 0) for r in data["results"])
+                gate.append(f"{stem} {first.get('gate_iters')} iterations, {bad} bad")
+        elif ms is not None and first.get("tokens", 0) >= 50_000:  # not a smoke run
+            parts.append(f"{stem} {ms:.1f} ms")
+        elif isinstance(data.get("status"), str) and data["status"] != "ok":
+            gate.append(f"{stem}: {data['status'].split(':')[0]}")
+        ratios = _probe_ratios(data)
+        if ratios:
+            parts.append(f"{stem}: " + ", ".join(ratios))
+    for name in loaded:  # sharded<suffix>.json against replicated<suffix>.json
+        if name.startswith("replicated"):
+            pair = "sharded" + name.removeprefix("replicated")
+            rep, sh = _load_ms(loaded[name]), _load_ms(loaded.get(pair, {}))
+            if rep and sh:
+                what = pair.removesuffix(".json") + " / " + name.removesuffix(".json")
+                parts.append(f"{what} **{sh / rep:.3f}**")
+    return "; ".join(parts + gate)
+
+
+def _folder_machine(loaded: dict[str, dict]) -> str:
+    names = []
+    for data in loaded.values():
+        gpus = data.get("gpus") or []
+        if gpus:
+            names.append(
+                f"{len(gpus)}× {gpus[0]}" if len(set(gpus)) == 1 else ", ".join(gpus)
+            )
+        elif isinstance(data.get("gpu"), str) and data.get("results"):
+            names.append(f"{data['results'][0].get('world', 1)}× {data['gpu']}")
+    return ", ".join(_distinct(names))
+
+
+def folder_rows(results: Path) -> list[str]:
+    folders = sorted(p for p in results.iterdir() if p.is_dir())
+    if not folders:
+        return []
+    out = [
+        "",
+        "Run folders (date: the commit date of the recorded revision; load figures: median "
+        "load-back over both ranks, the first load of each dropped):",
+        "",
+        "| Date | Variant | Revision | Series label | Machine | Key figures | JSON |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for folder in folders:
+        loaded = {
+            f.name: json.loads(f.read_text()) for f in sorted(folder.glob("*.json"))
+        }
+        revs = _distinct(str(d.get("git_revision", "")) for d in loaded.values())
+        labels = _distinct(d.get("series_label") for d in loaded.values())
+        files = ", ".join(
+            f"[`{name}`](results/{folder.name}/{name})" for name in loaded
+        )
+        cells = (
+            ", ".join(_distinct(d.get("recorded_date") for d in loaded.values())),
+            f"[`{folder.name}`](results/{folder.name}/)",
+            ", ".join(r[:8] for r in revs),
+            ", ".join(labels),
+            _folder_machine(loaded),
+            _figures(loaded),
+            files,
+        )
+        out.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return out
 
 
 def rows(feature: Path) -> list[str]:
@@ -65,13 +177,7 @@ def rows(feature: Path) -> list[str]:
             )
             + " |"
         )
-    for folder in sorted(p for p in results.iterdir() if p.is_dir()):
-        files = sorted(f.name for f in folder.iterdir() if f.is_file())
-        out.append(
-            f"| – | [`{folder.name}/`](results/{folder.name}/) | run folder: "
-            f"{_cell(', '.join(files))} | – | – | – |"
-        )
-    return out
+    return out + folder_rows(results)
 
 
 def readme_text(feature: Path) -> str:

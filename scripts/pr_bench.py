@@ -170,6 +170,7 @@ def rank_shard() -> str:
         [
             r["run"],
             r["gpu"],
+            r.get("copies", "2d"),
             _f(r["replicated_load_ms"], 1),
             _f(r["sharded_load_ms"], 1),
             _f(r["load_ratio"], 3),
@@ -182,6 +183,7 @@ def rank_shard() -> str:
             [
                 "run",
                 "GPU",
+                "stand-in copies",
                 "replicated ms",
                 "sharded ms",
                 "sharded / replicated",

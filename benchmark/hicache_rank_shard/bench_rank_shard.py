@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,6 +27,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmark"))
+from bench_meta import run_metadata  # noqa: E402
 
 LAYERS = 61
 KV_ROW, IX_ROW = 656, 132
@@ -85,7 +85,7 @@ def geometry_table() -> list[dict]:
 def _cpu_timing(rank, world, args):
     import torch
 
-    from harness.dsa_stack import build_dsa_stack
+    from harness.stacks.dsa import build_dsa_stack
 
     stack = build_dsa_stack(
         rank,
@@ -100,7 +100,7 @@ def _cpu_timing(rank, world, args):
     cc.load_fence_stream = torch.cpu.current_stream()
     shard = getattr(cc, "rank_shard", None)
     if args["mode"] == "copy_only":
-        from harness.rank_shard_scenarios import disable_exchange
+        from harness.scenarios.rank_shard import disable_exchange
 
         disable_exchange(cc)
     from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
@@ -121,7 +121,7 @@ def _cpu_timing(rank, world, args):
 
 
 def cpu_timing(quick: bool) -> dict:
-    from harness.multiproc import run_ranks
+    from harness.gloo_ranks import run_ranks
 
     args = dict(layers=8, tokens=64 * (64 if quick else 256), iters=3 if quick else 8)
     out = {}
@@ -143,7 +143,14 @@ def gpu_tables(root: Path) -> list[dict]:
     rows = []
     for run in sorted(p for p in root.iterdir() if p.is_dir()) if root.exists() else []:
         modes = {}
-        for f in run.glob("*.json"):
+        # The run's main pass only: one file per mode under its plain name
+        # (variants in the same folder, e.g. sharded_ch2.json, are its own
+        # experiments and pair with nothing here).
+        for f in (
+            run / f"{m}.json" for m in ("replicated", "sharded", "copy_only", "gate")
+        ):
+            if not f.is_file():
+                continue
             rec = json.loads(f.read_text())
             if rec.get("status") != "ok" or not rec["results"]:
                 continue
@@ -165,6 +172,10 @@ def gpu_tables(root: Path) -> list[dict]:
                     mismatches=sum(r["restore_mismatches"] for r in rec["results"]),
                     world=r0["world"],
                     gpu=rec["gpu"],
+                    # What the stand-in copies did, as each rank reports it.
+                    copies=r0.get("standin_copy")
+                    or rec.get("standin_copy_env")
+                    or "2d",
                 )
             elif r0["mode"] == "gate":
                 modes["gate" if r0["gate"] else "nogate"] = dict(
@@ -180,6 +191,7 @@ def gpu_tables(root: Path) -> list[dict]:
                 dict(
                     run=run.name,
                     gpu=rep["gpu"],
+                    copies=rep["copies"],
                     tp=rep["world"],
                     replicated_load_ms=rep["load_ms"],
                     sharded_load_ms=sh["load_ms"],
@@ -235,30 +247,22 @@ def main():
             "\nGPU load-back of a 100K-token DSA prefix through the patched path (median)"
         )
         print(
-            f"{'run':<22} {'tp':>2} {'replicated ms':>13} {'sharded ms':>10} {'ratio':>6} "
-            f"{'copy-only':>9} {'D2H ratio':>9} {'mismatch':>8}"
+            f"{'run':<22} {'copies':>6} {'tp':>2} {'replicated ms':>13} "
+            f"{'sharded ms':>10} {'ratio':>6} {'copy-only':>9} {'D2H ratio':>9} "
+            f"{'mismatch':>8} {'submit ms':>13}"
         )
         for g in gpu:
             co = f"{g['copy_only_ratio']:.3f}" if g["copy_only_ratio"] else "-"
             print(
-                f"{g['run']:<22} {g['tp']:>2} {g['replicated_load_ms']:>13.1f} "
+                f"{g['run']:<22} {g['copies']:>6} {g['tp']:>2} "
+                f"{g['replicated_load_ms']:>13.1f} "
                 f"{g['sharded_load_ms']:>10.1f} {g['load_ratio']:>6.3f} {co:>9} "
                 f"{g['d2h_ratio']:>9.3f} {g['sharded_mismatches']:>8} "
                 f"{g['sharded_submit_ms'] or float('nan'):>13.1f}"
             )
     args.out.mkdir(parents=True, exist_ok=True)
-    try:
-        rev = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    except OSError:
-        rev = "unknown"
     record = dict(
-        command=" ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
-        git_revision=rev,
-        machine=dict(platform=platform.platform(), processor=platform.machine()),
+        **run_metadata(),
         geometry=geo,
         cpu=cpu,
         gpu=gpu,

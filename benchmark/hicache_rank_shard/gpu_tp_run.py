@@ -39,6 +39,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmark"))
+from bench_meta import run_metadata  # noqa: E402
 
 LAYERS = 61
 ROW = 656  # FP8 DSA latent bytes per token per layer
@@ -57,7 +59,7 @@ def _elapsed_ms(ack) -> float:
 
 
 def worker(rank: int, world: int, args: dict) -> dict:
-    from harness.dsa_stack import build_dsa_stack
+    from harness.stacks.dsa import build_dsa_stack
 
     cuda = args["device"] == "cuda"
     device = f"cuda:{rank}" if cuda else "cpu"
@@ -82,7 +84,7 @@ def worker(rank: int, world: int, args: dict) -> dict:
     cc.load_fence_stream = fwd
     shard = getattr(cc, "rank_shard", None)
     if args["mode"] == "copy_only":
-        from harness.rank_shard_scenarios import disable_exchange
+        from harness.scenarios.rank_shard import disable_exchange
 
         disable_exchange(cc)
     gen = torch.Generator(device=device).manual_seed(1234)
@@ -295,7 +297,7 @@ def _gate_loop(stack, args, out, device) -> dict:
 
 
 def main():
-    from harness.multiproc import run_ranks
+    from harness.gloo_ranks import run_ranks
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", choices=["replicated", "sharded", "copy_only", "gate"])
@@ -345,6 +347,7 @@ def main():
     except Exception as e:  # a hang (timeout) or a failure is a result too
         results, status = [], f"{type(e).__name__}: {str(e)[-1500:]}"
     record = dict(
+        **run_metadata(),
         args=dict(vars(a), out=Path(a.out).name),
         status=status,
         seconds=time.perf_counter() - t0,

@@ -1,6 +1,6 @@
 """Run one scenario against unpatched upstream and against the patched tree.
 
-``run_scenario("upstream" | "patched", "harness.scenarios:l2_roundtrip",
+``run_scenario("upstream" | "patched", "harness.scenarios.l2:l2_roundtrip",
 world_size, **kwargs)`` runs the scenario on ``world_size`` gloo ranks forked
 from that tree's warm interpreter (``harness.warm_tree``; the two sglang trees
 never meet in one process) whose ``sglang`` is

@@ -1,6 +1,7 @@
 """Each benchmark folder's README carries a results table generated from its
 result JSON (benchmark/results_index.py); it must be current."""
 
+import json
 import subprocess
 import sys
 
@@ -20,3 +21,55 @@ def test_results_tables_are_current():
         assert results
         for path in results:
             assert f"(results/{path.name})" in readme, path.name
+
+
+def _results_index():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "results_index", ROOT / "benchmark" / "results_index.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_run_folder_json_carries_revision_and_series_label():
+    folders = [p for p in (ROOT / "benchmark").glob("*/results/*") if p.is_dir()]
+    assert folders
+    for folder in folders:
+        readme = (folder.parents[1] / "README.md").read_text()
+        assert f"[`{folder.name}`](results/{folder.name}/)" in readme, folder
+        for path in folder.glob("*.json"):
+            data = json.loads(path.read_text())
+            assert data.get("git_revision"), path
+            assert data.get("series_label"), path
+
+
+def test_run_folder_row_has_key_figures(tmp_path):
+    index = _results_index()
+    run = tmp_path / "results" / "h200x2-example"
+    run.mkdir(parents=True)
+
+    def record(mode, loads):
+        return {
+            "status": "ok",
+            "gpu": "NVIDIA H200",
+            "results": [
+                {"mode": mode, "world": 2, "tokens": 99968, "load_event_ms": loads}
+                for _ in range(2)
+            ],
+            "git_revision": "0" * 40,
+            "series_label": "patched.0000abcd",
+        }
+
+    (run / "replicated.json").write_text(json.dumps(record("replicated", [9, 100])))
+    (run / "sharded.json").write_text(json.dumps(record("sharded", [9, 55])))
+    rows = index.folder_rows(tmp_path / "results")
+    row = next(r for r in rows if "h200x2-example" in r)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[0] == "–"  # no such commit: no date
+    assert cells[2:5] == ["00000000", "patched.0000abcd", "2× NVIDIA H200"]
+    assert "replicated 100.0 ms; sharded 55.0 ms" in cells[5]
+    assert "sharded / replicated **0.550**" in cells[5]
+    assert "(results/h200x2-example/sharded.json)" in cells[6]

@@ -18,8 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench_meta import run_metadata  # noqa: E402
 
 
 def main():
@@ -88,6 +93,7 @@ def main():
     base = results["alone"]
     gb = a.layers * n / 1e9
     out = {
+        **run_metadata(),
         "args": vars(a),
         "gpus": [torch.cuda.get_device_name(i) for i in range(2)],
         "h2d_ms": results,

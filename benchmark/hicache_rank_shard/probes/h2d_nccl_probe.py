@@ -20,10 +20,15 @@ import glob
 import json
 import os
 import statistics
+import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench_meta import run_metadata  # noqa: E402
 
 
 def _memcpy2d():
@@ -141,6 +146,7 @@ def main():
         p.join()
     base = {r: res["contiguous"] for r, res in results.items()}
     out = {
+        **run_metadata(),
         "args": {k: v for k, v in vars(a).items() if k != "out"},
         "h2d_ms": results,
         "ratio_vs_contiguous_alone": {

@@ -47,7 +47,7 @@ def probe(rank, world, nbytes, iters):
 
 
 if __name__ == "__main__":
-    from harness.multiproc import run_ranks
+    from harness.gloo_ranks import run_ranks
 
     world = torch.cuda.device_count()
     res = run_ranks(probe, world, 100_000 * 788, 61, backend="nccl", timeout=180)

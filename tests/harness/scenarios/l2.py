@@ -93,7 +93,7 @@ def l2_roundtrip(
     trace of every transfer call, per-load verification and final contents."""
     from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
 
-    from harness.dsa_stack import build_dsa_stack
+    from harness.stacks.dsa import build_dsa_stack
     from standins import kvcacheio
 
     stack = build_dsa_stack(

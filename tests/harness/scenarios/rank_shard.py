@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import torch
 
-from harness.scenarios import (
+from harness.scenarios.l2 import (
     normalize_trace,
     random_like,
     sglang_identity,
@@ -86,7 +86,7 @@ def sharded_roundtrip(
 
     import torch.distributed as dist
 
-    from harness.dsa_stack import build_dsa_stack
+    from harness.stacks.dsa import build_dsa_stack
     from standins import kvcacheio
 
     groups = _count_group_creation() if count_groups else None
@@ -229,7 +229,7 @@ def inactive_reasons(rank: int, world_size: int, *, tp_size: int, **overrides):
     from sglang.srt.mem_cache.hicache_rank_shard import rank_shard_inactive_reasons
     from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool
 
-    from harness.dsa_stack import publish_server_args
+    from harness.stacks.dsa import publish_server_args
 
     publish_server_args(rank, tp_size, **overrides)
     pool = DSATokenToKVPool(
@@ -299,7 +299,7 @@ def gate_paths(rank: int, world_size: int) -> dict:
     run_batch wait on the last one."""
     import sglang.srt.utils as sglang_utils
 
-    from harness.dsa_stack import build_dsa_stack
+    from harness.stacks.dsa import build_dsa_stack
 
     stack = build_dsa_stack(rank, world_size, layer_num=4, skip_topk_layers=None)
     cc, alloc = stack.controller, stack.allocator

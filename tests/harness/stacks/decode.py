@@ -227,7 +227,7 @@ def release_kv_cache_for_abort(req, cache) -> None:
 def publish_decode_server_args(rank: int, world_size: int, **overrides):
     """The DSA stack's HiCache server args (``direct`` / ``page_first_direct``)
     for a PD decode worker with the decode radix cache."""
-    from harness.dsa_stack import publish_server_args
+    from harness.stacks.dsa import publish_server_args
 
     kwargs = dict(
         page_size=16,

@@ -2,7 +2,7 @@
 prefix match, batched pre-allocation planning.
 
 Runs real ``UnifiedRadixCache`` (HiCache host tier) and decode queue objects on
-CPU (``harness.decode_stack``; stand-ins only for the KV receiver, the two
+CPU (``harness.stacks.decode``; stand-ins only for the KV receiver, the two
 ``kvcacheio`` direct ops and pinned registration) in gloo ranks, on both radix
 tree cores: each class runs on the Python core and its ``...Rust`` subclass on
 the Rust core (0.5.23's default). "Greedy" is the same scenario with the
@@ -16,7 +16,9 @@ import unittest
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from harness.decode_scenarios import (
+from harness.diff import diff_results
+from harness.gloo_ranks import run_ranks
+from harness.scenarios.decode import (
     admission_sim,
     head_of_queue_admission,
     host_span_restore,
@@ -25,8 +27,6 @@ from harness.decode_scenarios import (
     plan_digest,
     planned_then_released,
 )
-from harness.diff import diff_results
-from harness.gloo_ranks import run_ranks
 
 register_cpu_ci(est_time=480, suite="base-a-test-cpu")
 FEATURE_GROUP = "decode-hicache"  # the series group it tests (or "series")

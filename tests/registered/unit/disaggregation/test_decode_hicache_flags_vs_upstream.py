@@ -11,8 +11,8 @@ import unittest
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.compare import run_scenario
-from harness.decode_hicache_scenarios import write_model_config
 from harness.diff import diff_results
+from harness.scenarios.decode_flags import write_model_config
 
 register_cpu_ci(est_time=90, suite="base-a-test-cpu")
 FEATURE_GROUP = "decode-hicache"  # the series group it tests (or "series")
@@ -36,7 +36,7 @@ NEW_FIELDS = {
     "disaggregation_decode_hicache_size": None,
     "disaggregation_decode_hicache_write_policy": None,
 }
-SCENARIO = "harness.decode_hicache_scenarios:resolve_command_lines"
+SCENARIO = "harness.scenarios.decode_flags:resolve_command_lines"
 
 
 # Full resolution pipeline (CPU, tiny local model config), upstream vs patched.

@@ -10,7 +10,7 @@ import unittest
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.gloo_ranks import RankFailure, run_ranks
-from harness.rank_shard_scenarios import sharded_roundtrip
+from harness.scenarios.rank_shard import sharded_roundtrip
 
 register_cpu_ci(est_time=300, suite="base-a-test-cpu")
 FEATURE_GROUP = "hicache-rank-shard"  # the series group it tests (or "series")

@@ -15,9 +15,9 @@ from unittest import mock
 import torch
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from harness.dsa_stack import publish_server_args
 from harness.gloo_ranks import run_ranks
-from harness.rank_shard_scenarios import inactive_reasons
+from harness.scenarios.rank_shard import inactive_reasons
+from harness.stacks.dsa import publish_server_args
 
 register_cpu_ci(est_time=40, suite="base-a-test-cpu")
 FEATURE_GROUP = "hicache-rank-shard"  # the series group it tests (or "series")

@@ -19,10 +19,10 @@ class TestRankShardFlagOff(unittest.TestCase):
     def test_two_ranks_flag_off_equal_upstream(self):
         kwargs = dict(seed=7, steps=24, count_groups=True)
         upstream = run_scenario(
-            "upstream", "harness.rank_shard_scenarios:sharded_roundtrip", 2, **kwargs
+            "upstream", "harness.scenarios.rank_shard:sharded_roundtrip", 2, **kwargs
         )
         patched = run_scenario(
-            "patched", "harness.rank_shard_scenarios:sharded_roundtrip", 2, **kwargs
+            "patched", "harness.scenarios.rank_shard:sharded_roundtrip", 2, **kwargs
         )
         self.assertEqual(upstream[0]["sglang"]["version"], "0.5.23")
         self.assertTrue(patched[0]["sglang"]["version"].startswith("0.5.23+"))

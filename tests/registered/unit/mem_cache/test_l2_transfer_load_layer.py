@@ -18,7 +18,7 @@ register_cpu_ci(est_time=60, suite="base-a-test-cpu")
 FEATURE_GROUP = "hicache-rank-shard"  # the series group it tests (or "series")
 PROJECT_ONLY = "compares transfer traces and contents with unpatched upstream"
 
-SCENARIO = "harness.scenarios:l2_roundtrip"
+SCENARIO = "harness.scenarios.l2:l2_roundtrip"
 
 
 def _strip_identity(results):
