@@ -14,28 +14,19 @@ from harness.compare import run_scenario
 from harness.diff import diff_results
 from harness.scenarios.decode_flags import write_model_config
 
+# The command lines of the PR test this comparison complements (same folder).
+from test_decode_hicache_flags import (  # isort: skip
+    DECODE,
+    HICACHE,
+    NEW_FIELDS,
+    RADIX,
+    SEED_INTERFACE,
+)
+
 register_cpu_ci(est_time=90, suite="base-a-test-cpu")
 FEATURE_GROUP = "decode-hicache"  # the series group it tests (or "series")
 PROJECT_ONLY = "compares with unpatched upstream on this project's warm trees"
 
-HICACHE = "--disaggregation-decode-enable-hicache"
-RADIX = "--disaggregation-decode-enable-radix-cache"
-DECODE = ["--disaggregation-mode", "decode"]
-SEED_INTERFACE = [
-    *DECODE,
-    "--disaggregation-transfer-backend",
-    "mooncake",
-    RADIX,
-    HICACHE,
-    "--disaggregation-decode-hicache-ratio",
-    "2.0",
-]
-NEW_FIELDS = {
-    "disaggregation_decode_enable_hicache": False,
-    "disaggregation_decode_hicache_ratio": None,
-    "disaggregation_decode_hicache_size": None,
-    "disaggregation_decode_hicache_write_policy": None,
-}
 SCENARIO = "harness.scenarios.decode_flags:resolve_command_lines"
 
 
