@@ -4,6 +4,7 @@ patches) and the machine (no paths)."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
@@ -19,17 +20,19 @@ BUNDLED = ROOT / ".gpu" / "revision.json"
 
 
 def _bundled(key: str) -> str | None:
+    """``key`` of the bundle's record, in a copy without .git only."""
+    if (ROOT / ".git").exists():
+        return None
     try:
-        import json
-
         return json.loads(BUNDLED.read_text())[key]
     except (OSError, ValueError, KeyError):
         return None
 
 
 def git_revision() -> str:
-    if not (ROOT / ".git").exists() and _bundled("git_revision"):
-        return _bundled("git_revision")
+    bundled = _bundled("git_revision")
+    if bundled:
+        return bundled
     try:
         return subprocess.run(
             ["git", "-C", str(ROOT), "rev-parse", "HEAD"],
@@ -43,8 +46,9 @@ def git_revision() -> str:
 
 def series_label() -> str:
     """The local version label ``make wheel`` gives the series as committed."""
-    if not (ROOT / ".git").exists() and _bundled("series_label"):
-        return _bundled("series_label")
+    bundled = _bundled("series_label")
+    if bundled:
+        return bundled
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
         from build_wheel import default_label
