@@ -34,11 +34,9 @@ TIMEOUT_FLOOR_S = 300
 
 
 def _env(layout: Path) -> dict:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("PYTHONPATH", "SGL_PATCHED_TREE") and not k.startswith("SGL_")
-    }
+    """This environment without this project's settings (SGL_*), with only the
+    layout's python/ on the path."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGL_")}
     env["PYTHONPATH"] = str(layout / "python")
     return env
 
