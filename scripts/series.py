@@ -135,7 +135,10 @@ def export_commit(repo: Path, commit: str) -> str:
     """The commit as a deterministic format-patch: fixed author and date."""
     text = git(repo, *FORMAT_PATCH_ARGS, commit)
     head, sep, body = text.partition("\nSubject: ")
-    head = re.sub(r"(?m)^From: .*$", f"From: {PATCH_AUTHOR}", head, count=1)
+    # A long From header is folded onto continuation lines: replace them too.
+    head = re.sub(
+        r"(?m)^From: .*(?:\n[ \t].*)*$", f"From: {PATCH_AUTHOR}", head, count=1
+    )
     head = re.sub(r"(?m)^Date: .*$", f"Date: {PATCH_DATE}", head, count=1)
     return head + sep + body
 

@@ -121,6 +121,33 @@ def test_refresh_exports_a_new_commit_into_its_group(sandbox):
     assert snapshot(tmp / "patches") == before
 
 
+def test_refresh_writes_one_from_line_for_a_long_author(sandbox):
+    """format-patch folds a long From header; the fixed author replaces all
+    of it (a continuation line left behind would become part of the name)."""
+    tmp, env = sandbox
+    assert apply(env).returncode == 0
+    src = tmp / "build" / "src"
+    path = src / "sglang/srt/mem_cache/l2_transfer.py"
+    path.write_text(path.read_text().replace('"""Runs resolved', '"""Run resolved', 1))
+    long_author = (
+        "-c",
+        "user.name=Maintainers of a fork",
+        "-c",
+        "user.email=maintainers@users.noreply.a-long-mail-domain.example",
+    )
+    git(src, *long_author, "commit", "-qam", "[HiCache] Long author")
+    proc = run_script(
+        "series.py", "refresh", env={**env, "GROUP": "hicache-rank-shard"}
+    )
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp / "patches" / series_entries(tmp / "patches")[-1]).read_text()
+    head = text.split("Subject: ")[0].splitlines()
+    assert head[1:] == [
+        "From: SGLang patch series <sglang-patches@users.noreply.github.com>",
+        "Date: Thu, 1 Jan 2026 00:00:00 +0000",
+    ], head
+
+
 def test_broken_patch_named_with_hunk_and_no_half_tree(sandbox):
     tmp, env = sandbox
     patches = tmp / "patches"
