@@ -175,13 +175,18 @@ def _check(out: Path, entries: list[str]) -> None:
         lay_out(out, entries, Path(tmp))
 
 
-def lay_out(out: Path, entries: list[str], repo: Path) -> None:
+def lay_out(out: Path, entries: list[str], repo: Path, after_each=None) -> None:
     """``patch -p1 --fuzz=0`` the extracted patches, alone, onto the pristine
-    wheel laid out under ``repo/python``: every hunk at its recorded line."""
+    wheel laid out under ``repo/python``: every hunk at its recorded line.
+    ``after_each(name, patches so far)`` runs once each patch is applied."""
     _, pristine = upstream.prepare()
     shutil.copytree(pristine / "sglang", repo / "python" / "sglang", symlinks=True)
+    applied = []
     for name in entries:
         _apply(repo, out / Path(name).name, name)
+        applied.append(out / Path(name).name)
+        if after_each is not None:
+            after_each(name, applied)
 
 
 def _apply(repo: Path, patch: Path, name: str) -> None:

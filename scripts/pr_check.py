@@ -8,13 +8,16 @@ upstream's repository (``python/sglang`` = the pinned release with the PR's
 patches at zero fuzz, ``test/registered/...`` and the test modules the PR
 adds), then runs each test file as upstream's CPU CI does: ``python3
 test_x.py`` in its folder, with only ``python/`` on the path. The interpreter
-is this one (the CPU test venv's packages); a check first proves that
-``import sglang`` resolves to the layout, not to an installed sglang.
+is this one (the CPU test venv's packages). While the patches are applied one
+by one, every prefix must import: after each patch the modules touched so far
+are imported, which also proves that ``import sglang`` resolves to the layout,
+not to an installed sglang.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -68,6 +71,51 @@ def _run(path: Path, env: dict, limit: float, log: Path) -> str:
     return "pass" if code == 0 else f"FAIL ({code})"
 
 
+def touched_modules(patches: list[Path]) -> list[str]:
+    """The Python modules that these upstream-layout patches add or change."""
+    modules = []
+    for patch in patches:
+        for rel in re.findall(r"(?m)^\+\+\+ b/python/(\S+)\.py$", patch.read_text()):
+            name = rel.replace("/", ".").removesuffix(".__init__")
+            if name not in modules:
+                modules.append(name)
+    return modules
+
+
+def import_check(layout: Path, env: dict, modules: list[str], name: str) -> None:
+    """Every prefix of the PR builds: after each patch, the modules it and the
+    patches before it touch are imported in a fresh interpreter, which first
+    proves that ``import sglang`` resolves to the layout."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _IMPORT_ALL, *modules],
+        cwd=layout,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=IMPORT_TIMEOUT_S,
+    )
+    expected = layout / "python" / "sglang" / "__init__.py"
+    where = proc.stdout.strip().splitlines()[:1]
+    if where != [str(expected)]:
+        raise ToolError(
+            f"import sglang does not resolve to {expected}: "
+            f"{proc.stdout.strip() or proc.stderr.strip()[-2000:]}"
+        )
+    if proc.returncode != 0:
+        raise ToolError(
+            f"the PR up to {name} does not import ({', '.join(modules)}):\n"
+            + proc.stderr[-3000:]
+        )
+    print(f"imports after {name}: {len(modules)} module(s)", flush=True)
+
+
+_IMPORT_ALL = (
+    "import importlib, sys\nimport sglang\nprint(sglang.__file__, flush=True)\n"
+    "for m in sys.argv[1:]:\n    importlib.import_module(m)"
+)
+IMPORT_TIMEOUT_S = 600
+
+
 def pr_check(feature: str) -> list[tuple[str, str, float, str]]:
     out = make_pr(feature, os.environ.get("PR_AUTHOR") or None)
     entries = [e for e in read_series() if e.startswith(feature + "/")]
@@ -75,22 +123,16 @@ def pr_check(feature: str) -> list[tuple[str, str, float, str]]:
     if layout.exists():
         shutil.rmtree(layout)
     layout.mkdir(parents=True)
-    lay_out(out, entries, layout)
-    shutil.copytree(out / "tests", layout, dirs_exist_ok=True)
     env = _env(layout)
-    where = subprocess.run(
-        [sys.executable, "-c", "import sglang; print(sglang.__file__)"],
-        cwd=layout,
-        env=env,
-        capture_output=True,
-        text=True,
+    lay_out(
+        out,
+        entries,
+        layout,
+        after_each=lambda name, applied: import_check(
+            layout, env, touched_modules(applied), name
+        ),
     )
-    expected = layout / "python" / "sglang" / "__init__.py"
-    if where.returncode != 0 or Path(where.stdout.strip()) != expected:
-        raise ToolError(
-            f"import sglang does not resolve to {expected}: "
-            f"{where.stdout.strip() or where.stderr.strip()}"
-        )
+    shutil.copytree(out / "tests", layout, dirs_exist_ok=True)
     tests = sorted((layout / "test" / "registered").rglob("test_*.py"))
     if not tests:
         raise ToolError(f"the {feature} PR carries no test that runs upstream")

@@ -37,7 +37,7 @@ HOST_GB = 200.0  # --hicache-size per rank, for the capacity comparison
 
 
 def geometry_table() -> list[dict]:
-    from sglang.srt.mem_cache.hicache_rank_shard import (
+    from sglang.srt.mem_cache.hicache_rank_shard.config import (
         owned_layers,
         rank_shard_host_token_capacity,
     )

@@ -5,6 +5,7 @@ carried under python/sglang/test/); a test that needs an unmapped project
 module, or a suite upstream does not run, is refused."""
 
 import ast
+import re
 import sys
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from .conftest import ROOT, run_script
 
 sys.path.insert(0, str(ROOT / "scripts"))
+import pr_check  # noqa: E402
 import pr_tests  # noqa: E402
 from common import ToolError, read_series  # noqa: E402
 
@@ -37,6 +39,9 @@ def test_pr_tests_pass_upstream_style_on_the_pr_alone(sandbox, group):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     expected = len(pr_tests.feature_tests(group))
     assert f"{expected} of {expected} PR test files pass" in proc.stdout
+    # every prefix of the PR imported, in series order
+    prefixes = re.findall(r"(?m)^imports after (\S+): \d+ module", proc.stdout)
+    assert prefixes == [n for n in read_series() if n.startswith(group + "/")]
     layout = tmp / "build" / "pr-check" / group
     sglang = layout / "python" / "sglang"
     assert (sglang / "__init__.py").is_file()
@@ -112,3 +117,20 @@ def test_a_suite_upstream_does_not_run_is_refused(tmp_path, monkeypatch):
     )
     with pytest.raises(ToolError, match="base-a-test-cpu"):
         pr_tests.extract("fake")
+
+
+def test_a_prefix_that_does_not_import_is_refused_naming_its_patch(tmp_path):
+    pkg = tmp_path / "python" / "sglang"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "half.py").write_text("from sglang.missing_part import thing\n")
+    env = pr_check._env(tmp_path)
+    pr_check.import_check(tmp_path, env, [], "x/0001-ok.patch")
+    with pytest.raises(ToolError, match=r"up to x/0002-half.patch does not import"):
+        pr_check.import_check(tmp_path, env, ["sglang.half"], "x/0002-half.patch")
+    patch = tmp_path / "p.patch"
+    patch.write_text(
+        "+++ b/python/sglang/half.py\n+++ b/python/sglang/pkg/__init__.py\n"
+        "+++ b/python/sglang/README.md\n"
+    )
+    assert pr_check.touched_modules([patch]) == ["sglang.half", "sglang.pkg"]

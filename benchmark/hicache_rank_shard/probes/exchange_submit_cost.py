@@ -34,11 +34,8 @@ def main():
     a = ap.parse_args()
 
     import torch.distributed as dist
-    from sglang.srt.mem_cache.hicache_rank_shard import (
-        RankShardExchange,
-        RankShardPlan,
-        RankShardSettings,
-    )
+    from sglang.srt.mem_cache.hicache_rank_shard.config import layer_owners
+    from sglang.srt.mem_cache.hicache_rank_shard.exchange import RankShardExchange
     from sglang.srt.mem_cache.l2_transfer import L2Transfer
 
     calls = []
@@ -59,17 +56,18 @@ def main():
     dev = torch.arange(4096, 4096 + a.tokens, dtype=torch.int64)
     results = {}
     for rank in range(a.tp):
-        plan = RankShardPlan(
+        owners = layer_owners(range(a.layers), a.tp)
+        ex = RankShardExchange(
             rank=rank,
-            tp_size=a.tp,
-            group_ranks=tuple(range(a.tp)),
+            group_ranks=range(a.tp),
             group=None,
-            verify_group=None,
-            settings=RankShardSettings(False, 1 << 20, 0, 0),
-            kv_layers=tuple(range(a.layers)),
-            indexer_layers=tuple(range(a.layers)),
+            kv_host=kv_host,
+            indexer_host=ix_host,
+            kv_owner=owners,
+            indexer_owner=owners,
+            staging_bytes=1 << 20,
+            device="cpu",
         )
-        ex = RankShardExchange(plan, kv_host=kv_host, indexer_host=ix_host)
         per_layer = []
         for _ in range(a.submissions):
             # A new list per submission, as L2TransferEngine._prepare_transfers.

@@ -81,7 +81,6 @@ def sharded_roundtrip(
     broadcast in several chunks. The rank-shard log lines
     (SGLANG_HICACHE_RANK_SHARD_LOG_EVERY) are returned as ``log``.
     """
-    import dataclasses
     import logging
 
     import torch.distributed as dist
@@ -97,7 +96,8 @@ def sharded_roundtrip(
     pool, alloc, cc = stack.device_pool, stack.allocator, stack.controller
     cc.load_fence_stream = torch.cpu.current_stream()
     shard = getattr(cc, "rank_shard", None)
-    # The staging buffer exists from startup (attach), at its configured size.
+    # The staging buffer exists from startup (the controller's constructor), at
+    # its configured size.
     staging_at_start = (
         None
         if shard is None or shard.exchange._staging is None
@@ -115,8 +115,7 @@ def sharded_roundtrip(
     shard_logger.addHandler(_Keep())
     shard_logger.setLevel(logging.INFO)
     if staging_bytes is not None and shard is not None:
-        plan = shard.exchange.plan
-        plan.settings = dataclasses.replace(plan.settings, staging_bytes=staging_bytes)
+        shard.exchange.staging_bytes = staging_bytes  # reallocated at the next load
     ps = stack.page_size
     live_ix = [i for i, s in enumerate(skip) if not s]
 
@@ -203,7 +202,7 @@ def sharded_roundtrip(
         events=events,
         mismatches=mismatches,
         trace=trace,
-        gate_event_set=(shard is not None and cc.rank_shard_gate.event is not None),
+        gate_event_set=(shard is not None and shard.gate.event is not None),
         bytes_sent=shard.exchange.bytes_sent if shard else 0,
         bytes_received=shard.exchange.bytes_received if shard else 0,
         log=log,
@@ -226,7 +225,9 @@ def _direct_submit(cc, host, alloc) -> dict:
 
 def inactive_reasons(rank: int, world_size: int, *, tp_size: int, **overrides):
     """The activation check's reasons for a freshly published ServerArgs."""
-    from sglang.srt.mem_cache.hicache_rank_shard import rank_shard_inactive_reasons
+    from sglang.srt.mem_cache.hicache_rank_shard.config import (
+        rank_shard_inactive_reasons,
+    )
     from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool
 
     from harness.stacks.dsa import publish_server_args
@@ -304,7 +305,7 @@ def gate_paths(rank: int, world_size: int) -> dict:
     stack = build_dsa_stack(rank, world_size, layer_num=4, skip_topk_layers=None)
     cc, alloc = stack.controller, stack.allocator
     cc.load_fence_stream = torch.cpu.current_stream()
-    gate = cc.rank_shard_gate
+    gate = cc.rank_shard.gate
     waits: list = []
     sglang_utils.get_device_module = lambda: SimpleNamespace(
         current_stream=lambda: _RecordingStream("current", waits)

@@ -43,7 +43,7 @@ def _dsa_pool(layer_num=4, skip=None):
 
 class TestKnobs(unittest.TestCase):
     def test_bad_values_fail_naming_the_variable(self):
-        from sglang.srt.mem_cache.hicache_rank_shard import (
+        from sglang.srt.mem_cache.hicache_rank_shard.config import (
             is_rank_shard_requested,
             read_rank_shard_settings,
         )
@@ -73,7 +73,9 @@ class TestKnobs(unittest.TestCase):
             self.assertIn("SGLANG_ENABLE_HICACHE_RANK_SHARD", str(ctx.exception))
 
     def test_defaults_and_good_values(self):
-        from sglang.srt.mem_cache.hicache_rank_shard import read_rank_shard_settings
+        from sglang.srt.mem_cache.hicache_rank_shard.config import (
+            read_rank_shard_settings,
+        )
 
         with mock.patch.dict(os.environ, {}, clear=False):
             for k in list(os.environ):
@@ -107,7 +109,9 @@ class TestActivationMatrix(unittest.TestCase):
         cls.pool = _dsa_pool()
 
     def _reasons(self, pool=None):
-        from sglang.srt.mem_cache.hicache_rank_shard import rank_shard_inactive_reasons
+        from sglang.srt.mem_cache.hicache_rank_shard.config import (
+            rank_shard_inactive_reasons,
+        )
 
         return rank_shard_inactive_reasons(pool or self.pool)
 
@@ -189,7 +193,7 @@ class TestActivationMatrix(unittest.TestCase):
             self.assertIn(expected, reasons[0])
 
     def test_flag_set_but_inactive_logs_every_reason_and_creates_nothing(self):
-        from sglang.srt.mem_cache.hicache_rank_shard import maybe_plan_rank_shard
+        from sglang.srt.mem_cache.hicache_rank_shard.plan import maybe_plan_rank_shard
         from sglang.srt.runtime_context import get_memory
 
         params = mock.sentinel.params  # never touched: no group is created
@@ -246,7 +250,7 @@ class TestCapacity(unittest.TestCase):
         return pool.size
 
     def test_capacity_grows_by_layers_over_owned_share(self):
-        from sglang.srt.mem_cache.hicache_rank_shard import (
+        from sglang.srt.mem_cache.hicache_rank_shard.config import (
             rank_shard_host_token_capacity,
         )
         from sglang.srt.runtime_context import reset_context
