@@ -175,12 +175,21 @@ def _check(out: Path, entries: list[str]) -> None:
         lay_out(out, entries, Path(tmp))
 
 
-def lay_out(out: Path, entries: list[str], repo: Path, after_each=None) -> None:
+def lay_out(out: Path, entries: list[str], repo: Path) -> None:
     """``patch -p1 --fuzz=0`` the extracted patches, alone, onto the pristine
-    wheel laid out under ``repo/python``: every hunk at its recorded line.
-    ``after_each(name, patches so far)`` runs once each patch is applied."""
+    wheel laid out under ``repo/python``: every hunk at its recorded line."""
+    copy_pristine(repo)
+    apply_each(out, entries, repo)
+
+
+def copy_pristine(repo: Path) -> None:
     _, pristine = upstream.prepare()
     shutil.copytree(pristine / "sglang", repo / "python" / "sglang", symlinks=True)
+
+
+def apply_each(out: Path, entries: list[str], repo: Path, after_each=None) -> None:
+    """Apply the extracted patches in order; ``after_each(name, patches so
+    far)`` runs once each one is applied."""
     applied = []
     for name in entries:
         _apply(repo, out / Path(name).name, name)

@@ -11,7 +11,8 @@ test_x.py`` in its folder, with only ``python/`` on the path. The interpreter
 is this one (the CPU test venv's packages). While the patches are applied one
 by one, every prefix must import: after each patch the modules touched so far
 are imported, which also proves that ``import sglang`` resolves to the layout,
-not to an installed sglang.
+not to an installed sglang. A test that declares ``LANDS_WITH = "NNNN"``
+also runs on the prefix ending at that patch, before the whole PR.
 """
 
 from __future__ import annotations
@@ -27,8 +28,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import BUILD, ToolError, read_series, run_main  # noqa: E402
-from make_pr import lay_out, make_pr  # noqa: E402
-from pr_tests import cpu_registration  # noqa: E402
+from make_pr import apply_each, copy_pristine, make_pr  # noqa: E402
+from pr_tests import (  # noqa: E402
+    cpu_registration,
+    feature_tests,
+    lands_with,
+    upstream_test_path,
+)
 
 # A test's time limit: its registered estimate times this, at least the floor
 # (the estimate is for upstream's CI machines; ours may be slower and busy).
@@ -124,33 +130,43 @@ def pr_check(feature: str) -> list[tuple[str, str, float, str]]:
         shutil.rmtree(layout)
     layout.mkdir(parents=True)
     env = _env(layout)
-    lay_out(
-        out,
-        entries,
-        layout,
-        after_each=lambda name, applied: import_check(
-            layout, env, touched_modules(applied), name
-        ),
-    )
+    copy_pristine(layout)
     shutil.copytree(out / "tests", layout, dirs_exist_ok=True)
     tests = sorted((layout / "test" / "registered").rglob("test_*.py"))
     if not tests:
         raise ToolError(f"the {feature} PR carries no test that runs upstream")
+    landing = {
+        layout / upstream_test_path(src): lands_with(src, entries)
+        for src in feature_tests(feature)
+    }
     rows = []
+
+    def after_each(name: str, applied: list[Path]) -> None:
+        import_check(layout, env, touched_modules(applied), name)
+        if name != entries[-1]:  # the whole PR runs every test below
+            prefix = Path(name).name[:4]
+            for path in tests:
+                if landing.get(path) == name:
+                    rows.append(_run_test(layout, path, env, f" (up to {prefix})"))
+
+    apply_each(out, entries, layout, after_each)
     for path in tests:
-        rel = str(path.relative_to(layout))
-        reg = cpu_registration(path)
-        limit = max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR * float(reg.get("est_time", 60)))
-        log = path.with_suffix(".log")
-        start = time.monotonic()
-        result = _run(path, env, limit, log)
-        rows.append((rel, reg.get("suite", "?"), time.monotonic() - start, result))
-        print(
-            f"{result:>14}  {rows[-1][2]:6.1f} s  {reg.get('suite')}  {rel}", flush=True
-        )
-        if result != "pass":
-            print(log.read_text()[-4000:], file=sys.stderr)
+        rows.append(_run_test(layout, path, env))
     return rows
+
+
+def _run_test(layout: Path, path: Path, env: dict, where: str = ""):
+    rel = str(path.relative_to(layout)) + where
+    reg = cpu_registration(path)
+    limit = max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR * float(reg.get("est_time", 60)))
+    log = path.with_suffix(".log")
+    start = time.monotonic()
+    result = _run(path, env, limit, log)
+    row = (rel, reg.get("suite", "?"), time.monotonic() - start, result)
+    print(f"{result:>14}  {row[2]:6.1f} s  {row[1]}  {rel}", flush=True)
+    if result != "pass":
+        print(log.read_text()[-4000:], file=sys.stderr)
+    return row
 
 
 def main() -> None:
@@ -158,7 +174,7 @@ def main() -> None:
         raise ToolError("usage: pr_check.py <feature group>")
     rows = pr_check(sys.argv[1])
     failed = [r for r in rows if r[3] != "pass"]
-    print(f"{len(rows) - len(failed)} of {len(rows)} PR test files pass upstream-style")
+    print(f"{len(rows) - len(failed)} of {len(rows)} PR test runs pass upstream-style")
     if failed:
         raise ToolError("failed upstream-style: " + ", ".join(r[0] for r in failed))
 

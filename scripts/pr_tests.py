@@ -4,7 +4,10 @@ A registered test declares, at module level:
   * ``FEATURE_GROUP = "<group>"``: the series group it tests ("series": the
     wheel as a whole); exactly one;
   * ``PROJECT_ONLY = "<why>"`` (optional): it stays in this repository (it
-    compares against unpatched upstream, or runs on this project's harness).
+    compares against unpatched upstream, or runs on this project's harness);
+  * ``LANDS_WITH = "NNNN"`` (optional): the patch of its group from which on it
+    passes (default: the group's last); ``make pr-check`` also runs it on the
+    PR's prefix ending there.
 Every other test of a group goes into that group's PR and must run upstream:
 it imports sglang, the standard library and third-party packages, and of the
 project's ``tests/harness`` and ``tests/standins`` only modules that declare
@@ -27,7 +30,7 @@ SERIES_WIDE = "series"
 # The CPU suites of upstream's test/run_suite.py (register_cpu_ci(suite=...)).
 UPSTREAM_CPU_SUITES = ("base-a-test-cpu", "base-b-test-cpu", "base-c-test-cpu")
 _PROJECT_PACKAGES = ("harness", "standins")
-_BOOKKEEPING = re.compile(r"(?m)^(FEATURE_GROUP|PROJECT_ONLY) = .*\n")
+_BOOKKEEPING = re.compile(r"(?m)^(FEATURE_GROUP|PROJECT_ONLY|LANDS_WITH) = .*\n")
 
 
 def module_constants(path: Path, name: str) -> list:
@@ -48,6 +51,26 @@ def declared_groups(path: Path) -> list[str]:
 def project_only(path: Path) -> str | None:
     reasons = module_constants(path, "PROJECT_ONLY")
     return reasons[0] if reasons else None
+
+
+def lands_with(path: Path, entries: list[str]) -> str:
+    """The series entry (of ``entries``, its group's patches) from which the
+    test passes: its ``LANDS_WITH`` patch number, or the group's last patch."""
+    numbers = module_constants(path, "LANDS_WITH")
+    if not numbers:
+        return entries[-1]
+    found = [e for e in entries if Path(e).name.startswith(f"{numbers[0]}-")]
+    if len(found) != 1:
+        raise ToolError(
+            f"{path.relative_to(ROOT)}: LANDS_WITH = {numbers[0]!r} names no patch "
+            f"of its group (one of {', '.join(Path(e).name[:4] for e in entries)})"
+        )
+    return found[0]
+
+
+def upstream_test_path(path: Path) -> str:
+    """Where a registered test goes in upstream's repository."""
+    return f"test/registered/{path.relative_to(REGISTERED)}"
 
 
 def registered_tests() -> list[Path]:
@@ -172,7 +195,7 @@ def extract(feature: str) -> Extraction:
                 f"{path.relative_to(ROOT)}: register_cpu_ci(suite={suite!r}); "
                 f"upstream's CPU suites are {', '.join(UPSTREAM_CPU_SUITES)}"
             )
-        rel = f"test/registered/{path.relative_to(REGISTERED)}"
+        rel = upstream_test_path(path)
         text = _BOOKKEEPING.sub("", path.read_text())
         out.files[rel] = _rewrite(path, text, needed)
         out.tests.append(rel)

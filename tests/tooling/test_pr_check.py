@@ -37,11 +37,23 @@ def test_pr_tests_pass_upstream_style_on_the_pr_alone(sandbox, group):
     tmp, env = sandbox
     proc = run_script("pr_check.py", group, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    expected = len(pr_tests.feature_tests(group))
-    assert f"{expected} of {expected} PR test files pass" in proc.stdout
-    # every prefix of the PR imported, in series order
-    prefixes = re.findall(r"(?m)^imports after (\S+): \d+ module", proc.stdout)
-    assert prefixes == [n for n in read_series() if n.startswith(group + "/")]
+    entries = [n for n in read_series() if n.startswith(group + "/")]
+    tests = pr_tests.feature_tests(group)
+    early = [t for t in tests if pr_tests.lands_with(t, entries) != entries[-1]]
+    if group == "hicache-rank-shard":  # the config lands with 0002
+        assert [t.name for t in early] == ["test_hicache_rank_shard_config.py"]
+    expected = len(tests) + len(early)
+    assert f"{expected} of {expected} PR test runs pass" in proc.stdout
+    # every prefix of the PR imported, in series order; a test that lands
+    # early ran on its prefix, right after that prefix's import check
+    lines = [l for l in proc.stdout.splitlines() if "imports after" in l or "pass" in l]
+    prefixes = [re.search(r"imports after (\S+):", l) for l in lines]
+    assert [m.group(1) for m in prefixes if m] == entries
+    for test in early:
+        name = pr_tests.lands_with(test, entries)
+        run = f"{test.name} (up to {name.split('/')[1][:4]})"
+        at = next(i for i, l in enumerate(lines) if l.endswith(run))
+        assert f"imports after {name}:" in lines[at - 1], lines
     layout = tmp / "build" / "pr-check" / group
     sglang = layout / "python" / "sglang"
     assert (sglang / "__init__.py").is_file()
@@ -134,3 +146,20 @@ def test_a_prefix_that_does_not_import_is_refused_naming_its_patch(tmp_path):
         "+++ b/python/sglang/README.md\n"
     )
     assert pr_check.touched_modules([patch]) == ["sglang.half", "sglang.pkg"]
+
+
+def test_lands_with_names_a_patch_of_the_group(tmp_path, monkeypatch):
+    _fake_tests(
+        tmp_path,
+        monkeypatch,
+        'register_cpu_ci(est_time=5, suite="base-a-test-cpu")\nLANDS_WITH = "0002"\n',
+    )
+    (path,) = pr_tests.feature_tests("fake")
+    entries = ["fake/0001-a.patch", "fake/0002-b.patch", "fake/0003-c.patch"]
+    assert pr_tests.lands_with(path, entries) == "fake/0002-b.patch"
+    with pytest.raises(ToolError, match=r"LANDS_WITH = '0002' names no patch"):
+        pr_tests.lands_with(path, entries[:1])
+    assert (
+        "LANDS_WITH"
+        not in pr_tests.extract("fake").files["test/registered/unit/test_fake.py"]
+    )

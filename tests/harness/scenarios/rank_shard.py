@@ -228,24 +228,11 @@ def inactive_reasons(rank: int, world_size: int, *, tp_size: int, **overrides):
     from sglang.srt.mem_cache.hicache_rank_shard.config import (
         rank_shard_inactive_reasons,
     )
-    from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool
 
-    from harness.stacks.dsa import publish_server_args
+    from harness.stacks.dsa import dsa_device_pool, publish_server_args
 
     publish_server_args(rank, tp_size, **overrides)
-    pool = DSATokenToKVPool(
-        size=256,
-        page_size=64,
-        kv_lora_rank=512,
-        dtype=torch.bfloat16,
-        qk_rope_head_dim=64,
-        layer_num=4,
-        device="cpu",
-        index_head_dim=128,
-        enable_memory_saver=False,
-        kv_cache_dim=576,
-    )
-    return rank_shard_inactive_reasons(pool)
+    return rank_shard_inactive_reasons(dsa_device_pool())
 
 
 class _StopAfterGate(Exception):

@@ -74,6 +74,34 @@ def publish_server_args(rank: int, world_size: int, **overrides):
     return server_args
 
 
+def dsa_device_pool(
+    *,
+    size: int = 256,
+    page_size: int = 64,
+    layer_num: int = 4,
+    skip_topk_layers=None,
+    kv_dtype: torch.dtype = torch.bfloat16,
+    kv_cache_dim: int = 576,
+    device: str = "cpu",
+):
+    """A real ``DSATokenToKVPool`` (512-dim latent + 64 rope, 128-dim index-K)."""
+    from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool
+
+    return DSATokenToKVPool(
+        size=size,
+        page_size=page_size,
+        kv_lora_rank=512,
+        dtype=kv_dtype,
+        qk_rope_head_dim=64,
+        layer_num=layer_num,
+        device=device,
+        index_head_dim=128,
+        enable_memory_saver=False,
+        kv_cache_dim=kv_cache_dim,
+        skip_topk_layers=list(skip_topk_layers) if skip_topk_layers else None,
+    )
+
+
 def build_dsa_stack(
     rank: int = 0,
     world_size: int = 1,
@@ -105,20 +133,15 @@ def build_dsa_stack(
     from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler import _DsaStrategy
-    from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool
 
-    pool = DSATokenToKVPool(
+    pool = dsa_device_pool(
         size=size,
         page_size=page_size,
-        kv_lora_rank=512,
-        dtype=kv_dtype,
-        qk_rope_head_dim=64,
         layer_num=layer_num,
-        device=device,
-        index_head_dim=128,
-        enable_memory_saver=False,
+        skip_topk_layers=skip_topk_layers,
+        kv_dtype=kv_dtype,
         kv_cache_dim=kv_cache_dim,
-        skip_topk_layers=list(skip_topk_layers) if skip_topk_layers else None,
+        device=device,
     )
     allocator = PagedTokenToKVPoolAllocator(
         size, page_size, torch.int64, device, pool, False

@@ -5,12 +5,15 @@ Real processes (one per TP rank, gloo), DSA stacks built through upstream's
 ``kvcacheio`` ops and pinned-memory registration are stand-ins.
 """
 
+import os
 import unittest
+from unittest import mock
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.gloo_ranks import RankFailure, run_ranks
 from harness.scenarios.rank_shard import sharded_roundtrip
+from harness.stacks.dsa import dsa_device_pool, publish_server_args
 
 register_cpu_ci(est_time=300, suite="base-a-test-cpu")
 FEATURE_GROUP = "hicache-rank-shard"  # the series group it tests (or "series")
@@ -158,6 +161,41 @@ class TestRankShardChunkedStaging(unittest.TestCase):
             self.assertEqual(r["mismatches"], [], f"rank {r['rank']}")
         self.assertEqual(results[1]["bytes_received"], results[0]["bytes_sent"])
         self.assertEqual(results[0]["bytes_received"], results[1]["bytes_sent"])
+
+
+class TestRankShardPlanInactive(unittest.TestCase):
+    """With the flag set but a condition failing, the plan is not made: one
+    warning names every failing condition, and no group is created."""
+
+    @classmethod
+    def setUpClass(cls):
+        from sglang.srt.runtime_context import reset_context
+
+        # The published topology is process-wide: leave none behind.
+        cls.addClassCleanup(reset_context)
+        publish_server_args(0, 2)
+        cls.pool = dsa_device_pool()
+
+    def test_flag_set_but_inactive_logs_every_reason_and_creates_nothing(self):
+        from sglang.srt.mem_cache.hicache_rank_shard.plan import maybe_plan_rank_shard
+        from sglang.srt.runtime_context import get_memory
+
+        params = mock.sentinel.params  # never touched: no group is created
+        with mock.patch.dict(os.environ, {"SGLANG_ENABLE_HICACHE_RANK_SHARD": "1"}):
+            with get_memory().override(
+                hicache_io_backend="kernel", enable_hisparse=True
+            ):
+                with self.assertLogs(
+                    "sglang.srt.mem_cache.hicache_rank_shard", "WARNING"
+                ) as logs:
+                    self.assertIsNone(
+                        maybe_plan_rank_shard(kvcache=self.pool, params=params)
+                    )
+        self.assertEqual(len(logs.records), 1)
+        self.assertIn("--hicache-io-backend kernel", logs.output[0])
+        self.assertIn("--enable-hisparse", logs.output[0])
+        with mock.patch.dict(os.environ, {"SGLANG_ENABLE_HICACHE_RANK_SHARD": "0"}):
+            self.assertIsNone(maybe_plan_rank_shard(kvcache=self.pool, params=params))
 
 
 class TestRankShardNegativeControls(unittest.TestCase):

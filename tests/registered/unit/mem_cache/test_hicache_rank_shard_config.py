@@ -17,28 +17,11 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.gloo_ranks import run_ranks
 from harness.scenarios.rank_shard import inactive_reasons
-from harness.stacks.dsa import publish_server_args
+from harness.stacks.dsa import dsa_device_pool, publish_server_args
 
 register_cpu_ci(est_time=40, suite="base-a-test-cpu")
 FEATURE_GROUP = "hicache-rank-shard"  # the series group it tests (or "series")
-
-
-def _dsa_pool(layer_num=4, skip=None):
-    from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool
-
-    return DSATokenToKVPool(
-        size=256,
-        page_size=64,
-        kv_lora_rank=512,
-        dtype=torch.bfloat16,
-        qk_rope_head_dim=64,
-        layer_num=layer_num,
-        device="cpu",
-        index_head_dim=128,
-        enable_memory_saver=False,
-        kv_cache_dim=576,
-        skip_topk_layers=skip,
-    )
+LANDS_WITH = "0002"  # passes from this patch of the group on (pr-check runs it there)
 
 
 class TestKnobs(unittest.TestCase):
@@ -106,7 +89,7 @@ class TestActivationMatrix(unittest.TestCase):
         # The published topology is process-wide: leave none behind.
         cls.addClassCleanup(reset_context)
         publish_server_args(0, 2)
-        cls.pool = _dsa_pool()
+        cls.pool = dsa_device_pool()
 
     def _reasons(self, pool=None):
         from sglang.srt.mem_cache.hicache_rank_shard.config import (
@@ -176,7 +159,9 @@ class TestActivationMatrix(unittest.TestCase):
         self.assertEqual(len(self._reasons(mla)), 1)
         self.assertIn("needs a DSA pool", self._reasons(mla)[0])
         # one KV layer per rank at least, and one live indexer layer per rank
-        reasons = self._reasons(_dsa_pool(layer_num=2, skip=[False, True]))
+        reasons = self._reasons(
+            dsa_device_pool(layer_num=2, skip_topk_layers=[False, True])
+        )
         self.assertEqual(len(reasons), 1)
         self.assertIn("fewer layers than ranks", reasons[0])
 
@@ -191,27 +176,6 @@ class TestActivationMatrix(unittest.TestCase):
             (reasons,) = run_ranks(inactive_reasons, 1, timeout=480, **kwargs)
             self.assertEqual(len(reasons), 1, (kwargs, reasons))
             self.assertIn(expected, reasons[0])
-
-    def test_flag_set_but_inactive_logs_every_reason_and_creates_nothing(self):
-        from sglang.srt.mem_cache.hicache_rank_shard.plan import maybe_plan_rank_shard
-        from sglang.srt.runtime_context import get_memory
-
-        params = mock.sentinel.params  # never touched: no group is created
-        with mock.patch.dict(os.environ, {"SGLANG_ENABLE_HICACHE_RANK_SHARD": "1"}):
-            with get_memory().override(
-                hicache_io_backend="kernel", enable_hisparse=True
-            ):
-                with self.assertLogs(
-                    "sglang.srt.mem_cache.hicache_rank_shard", "WARNING"
-                ) as logs:
-                    self.assertIsNone(
-                        maybe_plan_rank_shard(kvcache=self.pool, params=params)
-                    )
-        self.assertEqual(len(logs.records), 1)
-        self.assertIn("--hicache-io-backend kernel", logs.output[0])
-        self.assertIn("--enable-hisparse", logs.output[0])
-        with mock.patch.dict(os.environ, {"SGLANG_ENABLE_HICACHE_RANK_SHARD": "0"}):
-            self.assertIsNone(maybe_plan_rank_shard(kvcache=self.pool, params=params))
 
 
 class TestCapacity(unittest.TestCase):
