@@ -55,6 +55,10 @@ def main():
     host = torch.arange(a.tokens, dtype=torch.int64)
     dev = torch.arange(4096, 4096 + a.tokens, dtype=torch.int64)
     results = {}
+
+    def identity(layer):
+        return layer
+
     for rank in range(a.tp):
         owners = layer_owners(range(a.layers), a.tp)
         ex = RankShardExchange(
@@ -70,10 +74,11 @@ def main():
         )
         per_layer = []
         for _ in range(a.submissions):
-            # A new list per submission, as L2TransferEngine._prepare_transfers.
+            # A new list per submission, as L2TransferEngine._prepare_transfers
+            # (the layer mapper is the pool entry's: the same function each time).
             transfers = [
                 L2Transfer(kv_host, kv_dev, host, dev),
-                L2Transfer(ix_host, ix_dev, host, dev, layer_mapper=lambda l: l),
+                L2Transfer(ix_host, ix_dev, host, dev, layer_mapper=identity),
             ]
             t0 = time.perf_counter()
             for layer in range(a.layers):

@@ -39,6 +39,21 @@ def _count_group_creation() -> list:
     return calls
 
 
+def _count_broadcasts() -> list:
+    """Record every torch.distributed.broadcast call made from now on."""
+    import torch.distributed as dist
+
+    calls = []
+    original = dist.broadcast
+
+    def counting(tensor, *args, **kwargs):
+        calls.append(tensor.numel())
+        return original(tensor, *args, **kwargs)
+
+    dist.broadcast = counting
+    return calls
+
+
 def disable_exchange(cc) -> None:
     """Negative control: load events fire, but no layer is broadcast."""
 
@@ -96,6 +111,7 @@ def sharded_roundtrip(
     pool, alloc, cc = stack.device_pool, stack.allocator, stack.controller
     cc.load_fence_stream = torch.cpu.current_stream()
     shard = getattr(cc, "rank_shard", None)
+    broadcasts = _count_broadcasts()  # the exchange's, from here on
     # The staging buffer exists from startup (the controller's constructor), at
     # its configured size.
     staging_at_start = (
@@ -205,6 +221,7 @@ def sharded_roundtrip(
         gate_event_set=(shard is not None and shard.gate.event is not None),
         bytes_sent=shard.exchange.bytes_sent if shard else 0,
         bytes_received=shard.exchange.bytes_received if shard else 0,
+        broadcasts=len(broadcasts),
         log=log,
     )
 

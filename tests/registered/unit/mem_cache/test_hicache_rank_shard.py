@@ -66,7 +66,7 @@ class _ShardedRun:
         for r in self.results:
             self.assertTrue(r["sharded"])
             # allocated when the host tier is attached, not at the first load
-            self.assertEqual(r["staging_at_start"], 64 << 20)
+            self.assertEqual(r["staging_at_start"], 128 << 20)
             self.assertEqual(r["groups_created"], 2)  # broadcast + verify group
             self.assertEqual(
                 r["kv_host_layers"], list(range(self.LAYERS))[r["rank"] :: self.WORLD]
@@ -117,6 +117,24 @@ class _ShardedRun:
         self.assertEqual(total_received, total_sent * (self.WORLD - 1))
         self.assertTrue(all(r["gate_event_set"] for r in self.results))
         self.assertTrue(live)
+
+    def test_one_broadcast_per_layer_owner(self):
+        """KV and indexer rows of a layer with one owner share one broadcast
+        (the staging holds both here); a layer whose indexer layer has
+        another owner broadcasts once per owner."""
+        from sglang.srt.mem_cache.hicache_rank_shard.config import layer_owners
+
+        live = [i for i, s in enumerate(self.skip) if not s]
+        kv = layer_owners(range(self.LAYERS), self.WORLD)
+        ix = layer_owners(live, self.WORLD)
+        per_load = sum(
+            len({kv[l]} | ({ix[l]} if l in ix else set())) for l in range(self.LAYERS)
+        )
+        self.assertGreater(per_load, self.LAYERS)  # the skip moves some owners
+        events = self.results[0]["events"]
+        loads = sum(1 for e in events if e[0] == "load" and isinstance(e[2], list))
+        for r in self.results:
+            self.assertEqual(r["broadcasts"], loads * per_load, f"rank {r['rank']}")
 
     def test_periodic_log_reports_this_ranks_counts(self):
         events = self.results[0]["events"]

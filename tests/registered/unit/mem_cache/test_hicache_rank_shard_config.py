@@ -67,7 +67,7 @@ class TestKnobs(unittest.TestCase):
             s = read_rank_shard_settings()
         self.assertEqual(
             (s.keep_capacity, s.staging_bytes, s.log_every, s.verify_every),
-            (False, 64 << 20, 0, 0),
+            (False, 128 << 20, 0, 0),
         )
         env = {
             "SGLANG_HICACHE_RANK_SHARD_STAGING_MB": "8",
