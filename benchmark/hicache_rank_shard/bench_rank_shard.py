@@ -3,8 +3,9 @@
 1. DeepSeek-V3.2 geometry (61 layers; FP8 latent 656 B + indexer 132 B per
    token per layer), tp 2/4/8, computed with the patched module's own owner
    map and sizing: per-rank host bytes copied for a 100K-token backup and
-   load-back, bytes broadcast, unique host capacity at the same host memory;
-   each against the replicated baseline (flag off).
+   load-back, bytes broadcast, unique host capacity at the same host memory
+   (also with one MTP draft layer, replicated as shipped or sharded); each
+   against the replicated baseline (flag off).
 2. CPU (gloo, 2 processes, the real patched engine): load-back time sharded
    vs replicated vs copy-only in the same run, as ratios.
 3. GPU: the JSON files of ``gpu_tp_run.py`` runs (``--gpu-results DIR``),
@@ -34,6 +35,8 @@ LAYERS = 61
 KV_ROW, IX_ROW = 656, 132
 PREFIX = 100_000
 HOST_GB = 200.0  # --hicache-size per rank, for the capacity comparison
+MTP_LAYERS = 1  # DeepSeek-V3.2's NextN draft layer (packed into the KV host pool)
+SIDECAR_ROW = MTP_LAYERS * (KV_ROW + IX_ROW)  # the same draft as a sidecar pool
 
 
 def geometry_table() -> list[dict]:
@@ -60,6 +63,15 @@ def geometry_table() -> list[dict]:
         )
         cap_rep = rank_shard_host_token_capacity(**kw, keep_capacity=True)
         cap_shard = rank_shard_host_token_capacity(**kw)
+        # One MTP (NextN) draft layer packed into the KV host pool: it stays
+        # replicated (what ships), against sharding it as a 62nd layer.
+        mtp_rep = rank_shard_host_token_capacity(
+            **kw, draft_layer_num=MTP_LAYERS, keep_capacity=True
+        )
+        mtp_shipped = rank_shard_host_token_capacity(**kw, draft_layer_num=MTP_LAYERS)
+        mtp_sharded = rank_shard_host_token_capacity(
+            **{**kw, "layer_num": LAYERS + MTP_LAYERS}
+        )
         rows.append(
             dict(
                 tp=tp,
@@ -77,6 +89,14 @@ def geometry_table() -> list[dict]:
                 unique_tokens_sharded=cap_shard
                 * 1,  # every rank holds the same token slots
                 capacity_ratio=cap_shard / cap_rep,
+                mtp_capacity_ratio_drafts_replicated=mtp_shipped / mtp_rep,
+                mtp_capacity_ratio_drafts_sharded=mtp_sharded / mtp_rep,
+                mtp_draft_share_of_host_bytes=MTP_LAYERS / (owned + MTP_LAYERS),
+                # A sidecar draft pool (its own host pool, indices following
+                # the target KV) takes the target's token capacity: its host
+                # memory, on top of --hicache-size, grows with it.
+                sidecar_draft_host_gb_replicated=cap_rep * SIDECAR_ROW / 1e9,
+                sidecar_draft_host_gb_sharded=cap_shard * SIDECAR_ROW / 1e9,
             )
         )
     return rows
@@ -232,6 +252,20 @@ def main():
             f"{r['broadcast_sent_per_rank_max'] / 1e9:>13.2f} "
             f"{r['node_dram_read_sharded'] / r['node_dram_read_replicated']:>13.3f}x "
             f"{r['capacity_ratio']:>13.2f}x"
+        )
+    print(
+        f"\n{MTP_LAYERS} MTP draft layer, unique tokens packed: {'tp':>3} "
+        f"{'replicated':>10} {'sharded':>8} {'draft bytes':>11}   "
+        f"as a sidecar, GB/rank: {'unsharded':>9} {'sharded':>8}"
+    )
+    for r in geo:
+        print(
+            f"{'':>34}{r['tp']:>3} "
+            f"{r['mtp_capacity_ratio_drafts_replicated']:>9.2f}x "
+            f"{r['mtp_capacity_ratio_drafts_sharded']:>7.2f}x "
+            f"{r['mtp_draft_share_of_host_bytes']:>11.3f}   {'':>22} "
+            f"{r['sidecar_draft_host_gb_replicated']:>9.1f} "
+            f"{r['sidecar_draft_host_gb_sharded']:>8.1f}"
         )
     cpu = cpu_timing(args.quick)
     print(
