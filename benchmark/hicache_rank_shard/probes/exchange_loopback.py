@@ -101,7 +101,7 @@ def run(device: str, layers: int, tokens: int, skip: tuple, staging_mb: float) -
     def rank_thread(r):
         try:
             if device != "cpu":
-                torch.cuda.set_device(torch.device(device))
+                torch.cuda.set_device(torch.device(device).index or 0)
             transfers = [
                 L2Transfer(kv_host, SimpleNamespace(kv_buffer=r.kv), None, token_rows),
                 L2Transfer(
