@@ -14,18 +14,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-# A copy of the tree without .git (the GPU host's) carries the revision and
-# label of the tree it was made from here (gpu_bundle.sh writes it).
+# The GPU host's copy of the tree carries the revision and label of the tree
+# it was made from here (gpu_bundle.sh writes it). That copy may hold a .git
+# of an older commit than its files, so the record, not git, is read there:
+# wherever SGL_BENCH_BUNDLED=1 (gpu_session.sh sets it) or there is no .git.
 BUNDLED = ROOT / ".gpu" / "revision.json"
 
 
 def _bundled(key: str) -> str | None:
-    """``key`` of the bundle's record, in a copy without .git only."""
-    if (ROOT / ".git").exists():
+    """``key`` of the bundle's record, on the GPU host's copy only."""
+    if os.environ.get("SGL_BENCH_BUNDLED") != "1" and (ROOT / ".git").exists():
         return None
     try:
         return json.loads(BUNDLED.read_text())[key]
     except (OSError, ValueError, KeyError):
+        if os.environ.get("SGL_BENCH_BUNDLED") == "1":
+            raise RuntimeError(
+                f"SGL_BENCH_BUNDLED=1 but {BUNDLED} has no {key!r}: run "
+                "benchmark/hicache_rank_shard/gpu_bundle.sh"
+            ) from None
         return None
 
 

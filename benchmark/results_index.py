@@ -11,8 +11,8 @@ its revision), the variant (the
 folder's name), revision, series label, machine, key figures and its JSON files.
 Key figures: the median load-back time of each load file over both ranks (the
 first load of each rank dropped), the ratio of ``sharded<suffix>.json`` to
-``replicated<suffix>.json``, the forward gate, and the ``ratio_vs_*`` figures
-of probes. The tables sit between two markers in the folder's README.md; a
+``replicated<suffix>.json``, the forward gate, the ``ratio_vs_*`` figures
+of probes and the exchange probes' host time and bit-exact cases. The tables sit between two markers in the folder's README.md; a
 tooling test keeps them current.
 """
 
@@ -78,6 +78,22 @@ def _probe_ratios(data: dict) -> list[str]:
     return out
 
 
+def _exchange_probe(stem: str, data: dict) -> list[str]:
+    """The exchange probes: host time per layer (median over the ranks' roles)
+    and broadcasts per layer; the loopback's bit-exact cases."""
+    us = data.get("host_us_per_layer")
+    if isinstance(us, dict) and us:
+        per_layer = data.get("broadcasts_per_layer", 0)
+        return [
+            f"{stem} {statistics.median(us.values()):.1f} µs/layer host, "
+            f"{per_layer:.0f} broadcast(s)/layer"
+        ]
+    cases = data.get("cases")
+    if isinstance(cases, list) and cases and "ok" in cases[0]:
+        return [f"{stem}: {sum(c['ok'] for c in cases)}/{len(cases)} bit-exact"]
+    return []
+
+
 def _figures(loaded: dict[str, dict]) -> str:
     parts, gate = [], []
     for name, data in loaded.items():
@@ -95,6 +111,7 @@ def _figures(loaded: dict[str, dict]) -> str:
         ratios = _probe_ratios(data)
         if ratios:
             parts.append(f"{stem}: " + ", ".join(ratios))
+        parts += _exchange_probe(stem, data)
     for name in loaded:  # sharded<suffix>.json against replicated<suffix>.json
         if name.startswith("replicated"):
             pair = "sharded" + name.removeprefix("replicated")

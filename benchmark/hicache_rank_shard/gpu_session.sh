@@ -16,6 +16,8 @@
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
+# The runs' JSON records the bundle's revision (bench_meta.py says why).
+export SGL_BENCH_BUNDLED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
   --target .gpu/site .gpu/whl/*.whl .gpu/dist/*.whl || exit 1

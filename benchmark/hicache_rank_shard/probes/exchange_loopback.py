@@ -151,6 +151,12 @@ def run(device: str, layers: int, tokens: int, skip: tuple, staging_mb: float) -
     )
 
 
+def _gpus(device: str) -> list[str]:
+    if torch.device(device).type != "cuda":
+        return []
+    return [torch.cuda.get_device_name(torch.device(device).index or 0)]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
@@ -172,7 +178,11 @@ def main():
         )
     if a.out:
         with open(a.out, "w") as f:
-            json.dump(dict(**run_metadata(), cases=results), f, indent=1)
+            json.dump(
+                dict(**run_metadata(), gpus=_gpus(a.device), cases=results),
+                f,
+                indent=1,
+            )
     raise SystemExit(0 if all(r["ok"] for r in results) else 1)
 
 

@@ -32,6 +32,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench_meta import run_metadata  # noqa: E402
 
 
+def _gpus(device: str) -> list[str]:
+    if torch.device(device).type != "cuda":
+        return []
+    return [torch.cuda.get_device_name(torch.device(device).index or 0)]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=4096)
@@ -113,7 +119,8 @@ def main():
     if a.out:
         record = dict(
             **run_metadata(),
-            **vars(a),
+            **{k: v for k, v in vars(a).items() if k != "out"},
+            gpus=_gpus(a.device),
             broadcasts_per_layer=n,
             host_us_per_layer=results,
         )
