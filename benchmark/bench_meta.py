@@ -67,6 +67,15 @@ def series_label() -> str:
         sys.path.remove(str(ROOT / "scripts"))
 
 
+def gpu_names(device: str) -> list[str]:
+    """The GPU a run on ``device`` used (none for the CPU)."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return []
+    return [torch.cuda.get_device_name(torch.device(device).index or 0)]
+
+
 def run_metadata() -> dict:
     return {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),

@@ -29,7 +29,7 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench_meta import run_metadata  # noqa: E402
+from bench_meta import gpu_names, run_metadata  # noqa: E402
 
 KV_ROW, IX_PAGE, PAGE = 656, 8448, 64
 
@@ -151,12 +151,6 @@ def run(device: str, layers: int, tokens: int, skip: tuple, staging_mb: float) -
     )
 
 
-def _gpus(device: str) -> list[str]:
-    if torch.device(device).type != "cuda":
-        return []
-    return [torch.cuda.get_device_name(torch.device(device).index or 0)]
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
@@ -179,7 +173,7 @@ def main():
     if a.out:
         with open(a.out, "w") as f:
             json.dump(
-                dict(**run_metadata(), gpus=_gpus(a.device), cases=results),
+                dict(**run_metadata(), gpus=gpu_names(a.device), cases=results),
                 f,
                 indent=1,
             )

@@ -29,13 +29,7 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench_meta import run_metadata  # noqa: E402
-
-
-def _gpus(device: str) -> list[str]:
-    if torch.device(device).type != "cuda":
-        return []
-    return [torch.cuda.get_device_name(torch.device(device).index or 0)]
+from bench_meta import gpu_names, run_metadata  # noqa: E402
 
 
 def main():
@@ -120,7 +114,7 @@ def main():
         record = dict(
             **run_metadata(),
             **{k: v for k, v in vars(a).items() if k != "out"},
-            gpus=_gpus(a.device),
+            gpus=gpu_names(a.device),
             broadcasts_per_layer=n,
             host_us_per_layer=results,
         )
