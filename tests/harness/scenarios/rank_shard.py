@@ -24,33 +24,16 @@ from harness.scenarios.l2 import (
 UPSTREAM_TEST_MODULE = "sglang.test.hicache_rank_shard_scenarios"
 
 
-def _count_group_creation() -> list:
-    """Record every create_custom_parallel_group call made from now on."""
-    from sglang.srt.distributed import parallel_state
-
+def _count_calls(module, name: str) -> list:
+    """Record every ``module.<name>`` call made from now on (its arguments)."""
     calls = []
-    original = parallel_state.create_custom_parallel_group
+    original = getattr(module, name)
 
     def counting(*args, **kwargs):
         calls.append(args or tuple(kwargs.items()))
         return original(*args, **kwargs)
 
-    parallel_state.create_custom_parallel_group = counting
-    return calls
-
-
-def _count_broadcasts() -> list:
-    """Record every torch.distributed.broadcast call made from now on."""
-    import torch.distributed as dist
-
-    calls = []
-    original = dist.broadcast
-
-    def counting(tensor, *args, **kwargs):
-        calls.append(tensor.numel())
-        return original(tensor, *args, **kwargs)
-
-    dist.broadcast = counting
+    setattr(module, name, counting)
     return calls
 
 
@@ -99,11 +82,16 @@ def sharded_roundtrip(
     import logging
 
     import torch.distributed as dist
+    from sglang.srt.distributed import parallel_state
 
     from harness.stacks.dsa import build_dsa_stack
     from standins import kvcacheio
 
-    groups = _count_group_creation() if count_groups else None
+    groups = (
+        _count_calls(parallel_state, "create_custom_parallel_group")
+        if count_groups
+        else None
+    )
     skip = tuple(skip_topk_layers) if skip_topk_layers else (False,) * layer_num
     stack = build_dsa_stack(
         rank, world_size, layer_num=layer_num, skip_topk_layers=skip, size=size
@@ -111,7 +99,7 @@ def sharded_roundtrip(
     pool, alloc, cc = stack.device_pool, stack.allocator, stack.controller
     cc.load_fence_stream = torch.cpu.current_stream()
     shard = getattr(cc, "rank_shard", None)
-    broadcasts = _count_broadcasts()  # the exchange's, from here on
+    broadcasts = _count_calls(dist, "broadcast")  # the exchange's, from here on
     # The staging buffer exists from startup (the controller's constructor), at
     # its configured size.
     staging_at_start = (
