@@ -5,7 +5,10 @@ local model (``scripts/tiny_model.py``, cached under ``build/``), then runs
 ``python -m sglang.launch_server`` of this interpreter's sglang in the
 foreground, bound to 127.0.0.1, with the environment and flags that make the
 CPU engine work.  SIGINT / SIGTERM stop the server and every process it
-started (TERM, then KILL after a grace period); nothing is left behind.
+started: the launcher gets SIGTERM and drains (sglang refuses new requests
+and answers the in-flight ones; its drain loop looks every 5 s), and whatever
+is still running ``--stop-grace`` seconds later (default 30) is killed;
+nothing is left behind.
 
 The live-server tests take ``server_env`` and ``server_args`` from here so
 the tests and the documented command start the same server.
@@ -26,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tiny_model  # noqa: E402
 
 HOST = "127.0.0.1"
-STOP_GRACE_S = 15.0
+STOP_GRACE_S = 15.0  # servers of the tests (no request in flight at the stop)
+SERVE_STOP_GRACE_S = 30.0  # make serve-cpu: in-flight requests are answered
 DEFAULT_MAX_TOTAL_TOKENS = 16384
 
 # Flags the CPU engine needs; everything else is the user's (SERVER_ARGS).
@@ -163,6 +167,13 @@ def stop_tree(proc: subprocess.Popen, grace: float = STOP_GRACE_S) -> list[int]:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument(
+        "--stop-grace",
+        type=float,
+        default=SERVE_STOP_GRACE_S,
+        help="seconds the server gets to answer in-flight requests after "
+        "SIGINT/SIGTERM before what is left is killed",
+    )
     parser.add_argument("server_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     extra = [a for a in args.server_args if a != "--"]
@@ -183,8 +194,12 @@ def main(argv: list[str]) -> int:
     while proc.poll() is None and not stopping:
         time.sleep(0.2)
     if stopping:
-        print(f"stopping the server (signal {stopping[0]})", flush=True)
-        stop_tree(proc)
+        print(
+            f"stopping the server (signal {stopping[0]}): in-flight requests "
+            f"get {args.stop_grace:g} s",
+            flush=True,
+        )
+        stop_tree(proc, grace=args.stop_grace)
         return 0
     # The server exited on its own: make sure nothing it started lingers.
     stop_tree(proc, grace=2.0)

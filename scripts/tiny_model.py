@@ -2,7 +2,8 @@
 
 ``python scripts/tiny_model.py [DIR]`` writes a ``LlamaForCausalLM`` (2 layers,
 hidden 128, 4 heads / 2 KV heads, vocab 2048, random bf16 weights, seed 0) as
-safetensors, plus a byte-level BPE tokenizer trained here on generated text,
+safetensors, plus a byte-level BPE tokenizer trained here on generated text
+(with a plain chat template),
 into ``DIR`` (default ``build/tiny-llama``) and prints ``DIR``.  It is rebuilt
 only when ``DIR/.stamp`` is missing or does not match this script's version.
 The text it produces is garbage; the engine that produces it is real, which is
@@ -20,9 +21,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = ROOT / "build" / "tiny-llama"
-VERSION = "tiny-llama-v1"
+VERSION = "tiny-llama-v2"
 VOCAB = 2048
 CONTEXT = 4096
+# A plain role-prefixed template, so the OpenAI chat route serves too.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
 
 WORDS = (
     "cache prefix token rank host device page layer tree radix decode prefill "
@@ -64,6 +70,7 @@ def build_tokenizer(out: Path) -> None:
         pad_token="<pad>",
         model_max_length=CONTEXT,
     )
+    fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out)
 
 

@@ -191,6 +191,7 @@ class Budget:
     def __init__(self, dp):
         self.total_requests = [0] * dp
         self.total_tokens = [0] * dp
+        self.last_timestamp = [0.0] * dp  # every rank's load is fresh
 
 
 class Policy:
@@ -208,6 +209,7 @@ class Policy:
     def refresh(self, now):
         for i, r in enumerate(self.ranks):
             self.budget.total_requests[i], self.budget.total_tokens[i] = r.load(now)
+            self.budget.last_timestamp[i] = now
 
     def on_events(self, rank, events, now):
         pass

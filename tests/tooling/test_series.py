@@ -1,6 +1,7 @@
 """apply / refresh: strict, atomic, byte-for-byte round trip; patch and quilt agree."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -193,14 +194,17 @@ def test_offset_is_refused(sandbox):
     patches = tmp / "patches"
     name = series_entries(patches)[0]
     text = (patches / name).read_text()
-    # Move the hunk's recorded position by two lines: it would apply with offset.
-    shifted = text.replace("@@ -156,32 +156,47 @@", "@@ -158,32 +158,47 @@")
+    # Move the first hunk's recorded position by two lines: it would apply
+    # with offset.
+    hunk = re.search(r"(?m)^@@ -(\d+),(\d+) \+(\d+),(\d+) @@", text)
+    moved = f"@@ -{int(hunk[1]) + 2},{hunk[2]} +{int(hunk[3]) + 2},{hunk[4]} @@"
+    shifted = text.replace(hunk[0], moved, 1)
     assert shifted != text
     (patches / name).write_text(shifted)
     proc = apply(env)
     assert proc.returncode == 2
     assert "offset" in proc.stderr and name in proc.stderr
-    assert "hunk #1 (@@ -158,32 +158,47 @@" in proc.stderr
+    assert f"hunk #1 ({moved}" in proc.stderr
 
 
 def test_apply_refuses_to_discard_unexported_work(sandbox):
@@ -334,11 +338,13 @@ def _rebase_todo(src: Path, script: str) -> None:
     assert proc.returncode == 0, proc.stderr
 
 
-SWAP_6_7 = """import sys
+# Swaps the picks at indices {a} and {b} (two independent commits: the last
+# rank-shard patch and the first routing patch, which touch different files).
+SWAP = """import sys
 path = sys.argv[1]
 lines = open(path).read().splitlines(True)
 picks = [i for i, l in enumerate(lines) if l.startswith("pick ")]
-a, b = picks[5], picks[6]
+a, b = picks[{a}], picks[{b}]
 lines[a], lines[b] = lines[b], lines[a]
 open(path, "w").writelines(lines)
 """
@@ -353,12 +359,15 @@ def test_refresh_follows_reordered_commits(sandbox):
     src = tmp / "build" / "src"
     entries = series_entries(patches)
     before = snapshot(patches)
-    _rebase_todo(src, SWAP_6_7)
+    b = next(i for i, e in enumerate(entries) if e.startswith("cache-aware-routing/"))
+    a = b - 1
+    assert entries[a].startswith("hicache-rank-shard/")
+    _rebase_todo(src, SWAP.format(a=a, b=b))
     proc = run_script("series.py", "refresh", env=env)
     assert proc.returncode == 0, proc.stderr
     assert "reordered" in proc.stdout
     after = series_entries(patches)
-    swapped = entries[:5] + [entries[6], entries[5]] + entries[7:]
+    swapped = entries[:a] + [entries[b], entries[a]] + entries[b + 1 :]
     assert after == swapped
     for name in entries:  # every file still holds its own commit, byte for byte
         assert (patches / name).read_bytes() == before[Path(name)], name

@@ -1,5 +1,6 @@
 """``make serve-cpu``: the README's example request served by the documented
-command, and SIGTERM to its process group leaving no process behind."""
+command, and SIGTERM to its process group answering the request in flight and
+leaving no process behind."""
 
 import json
 import os
@@ -7,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import unittest
 from pathlib import Path
@@ -72,6 +74,42 @@ class TestServeCpu(unittest.TestCase):
                 c.pid for c in psutil.Process(proc.pid).children(recursive=True)
             ]
             self.assertGreaterEqual(len(tree), 3)  # wrapper, launcher, workers
+            # A request still generating when SIGTERM arrives is answered:
+            # streamed, so its first event says it is running.
+            in_flight = {}
+            started = threading.Event()
+
+            def long_request():
+                body = {
+                    "text": "the cache prefix",
+                    "stream": True,
+                    "sampling_params": {
+                        "temperature": 0,
+                        "max_new_tokens": IN_FLIGHT_TOKENS,
+                        "ignore_eos": True,
+                    },
+                }
+                with requests.post(
+                    f"http://127.0.0.1:{port}/generate",
+                    json=body,
+                    stream=True,
+                    timeout=120,
+                ) as r:
+                    in_flight["status"] = r.status_code
+                    for line in r.iter_lines():
+                        if line.startswith(b"data: {"):
+                            started.set()
+                            event = json.loads(line[len(b"data: ") :])
+                            in_flight["tokens"] = event["meta_info"][
+                                "completion_tokens"
+                            ]
+                        elif line == b"data: [DONE]":
+                            in_flight["done"] = True
+                started.set()
+
+            client = threading.Thread(target=long_request)
+            client.start()
+            self.assertTrue(started.wait(60), "the long request never started")
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             try:
@@ -81,12 +119,21 @@ class TestServeCpu(unittest.TestCase):
                 output, _ = proc.communicate()
                 self.fail("serve-cpu did not stop on SIGTERM")
         self.assertEqual(proc.returncode, 0, output[-3000:])
+        client.join(120)
+        self.assertEqual(
+            in_flight,
+            {"status": 200, "tokens": IN_FLIGHT_TOKENS, "done": True},
+            output[-3000:],
+        )
         deadline = time.monotonic() + 30
         alive = tree
         while alive and time.monotonic() < deadline:
             alive = [p for p in tree if psutil.pid_exists(p) and not _zombie(p)]
             time.sleep(0.5)
         self.assertEqual(alive, [], "left behind after SIGTERM")
+
+
+IN_FLIGHT_TOKENS = 512  # a few seconds of decoding on 2 CPU cores
 
 
 def _zombie(pid: int) -> bool:

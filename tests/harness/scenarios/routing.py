@@ -222,9 +222,10 @@ def start_controller(dp_size, *, tree=None, **server_kwargs) -> ControllerHandle
     return ControllerHandle(controller, sink, sink_endpoint, port_args)
 
 
-def write_loads(port_args, loads):
+def write_loads(port_args, loads, skip=()):
     """Publish per-rank (running, waiting, total_tokens) through the real SHM
-    load-snapshot writers, as the DP leader schedulers do."""
+    load-snapshot writers, as the DP leader schedulers do; the ranks in
+    ``skip`` publish nothing (their last snapshot stays)."""
     from sglang.srt.managers.load_snapshot import (
         LoadSnapshot,
         create_load_snapshot_writer,
@@ -232,6 +233,8 @@ def write_loads(port_args, loads):
 
     now = time.time()
     for rank, (running, waiting, tokens) in enumerate(loads):
+        if rank in skip:
+            continue
         writer = create_load_snapshot_writer(port_args, len(loads), rank)
         writer.write(
             LoadSnapshot(
@@ -658,6 +661,94 @@ def pending_cases(rank, world_size, ttl=1.0):
         out["stats"] = dict(router.stats)
         return out
     finally:
+        handle.close()
+
+
+class FakeClock:
+    def __init__(self, now=1000.0):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+def stall_cases(rank, world_size, max_age=3.0):
+    """Stalled ranks through the real controller, on the router's clock (a
+    ``FakeClock`` the scenario advances). Rank 1 holds prompt ``a`` and has
+    the lightest load snapshot; then it stops publishing digests and loads
+    while the other ranks go on. Returns ``(landed_rank, how)`` per request,
+    the warnings and infos the router logged, and its counters."""
+    import logging
+
+    dp = CRAFTED[0]
+    handle, sender, router = _crafted_controller(max_age=max_age, pending_ttl=0.0)
+    clock = router.clock = FakeClock()
+    router.clear_dispatch_history()
+    router._load_seen_at = [clock()] * dp
+    records = []
+
+    class Capture(logging.Handler):
+        def emit(self, record):
+            records.append((record.levelname, record.getMessage()))
+
+    log = logging.getLogger("sglang.srt.managers.cache_aware_router")
+    capture = Capture(level=logging.INFO)
+    log.addHandler(capture)
+    level = log.level
+    log.setLevel(logging.INFO)
+    out = {}
+    n = [0]
+    others = [r for r in range(dp) if r != 1]
+    # Queued requests: rank 1 is the least loaded (its frozen snapshot), then
+    # 2, 3, 0 (the override threshold is 2 requests over the least loaded).
+    loads = [(4, 2, 0), (0, 0, 0), (3, 1, 0), (3, 2, 0)]
+
+    def go(case, tokens, publish=others, load_skip=(1,)):
+        # Loads first: the digests' settle refreshes the budget and the stalls.
+        write_loads(handle.port_args, loads, skip=load_skip)
+        time.sleep(0.002)
+        for r in publish:
+            sender.send(r, **sender.state[r])
+        sender.settle()
+        router.clear_dispatch_history()
+        before = dict(router.stats)
+        n[0] += 1
+        landed = handle.dispatch(make_req(f"{case}-{n[0]}", tokens))
+        how = [k for k, v in router.stats.items() if v != before.get(k, 0)]
+        out[case] = (landed, how[0] if len(how) == 1 else how)
+
+    try:
+        a, b = _prompt(91, 64), _prompt(92, 64)
+        for r in range(dp):
+            sender.send(r, gpu=[a] if r == 1 else [b] if r == 2 else [])
+        out["settled"] = sender.settle()
+        go("before_new", _prompt(93, 40), publish=range(dp), load_skip=())
+        go("before_prefix", a + _prompt(94, 8), publish=range(dp), load_skip=())
+        # Rank 1's digest goes stale, but its load snapshot still advances:
+        # a busy rank, not a stalled one.
+        clock.now += max_age + 1
+        go("busy_new", _prompt(95, 40), load_skip=())
+        # Then its load stops too: stalled once both are older than max_age.
+        go("load_just_stopped", _prompt(96, 40))
+        clock.now += max_age + 1
+        go("stalled_new", _prompt(97, 40))
+        go("stalled_prefix", a + _prompt(98, 8))
+        go("stalled_other_match", b + _prompt(99, 8))
+        out["stalled_set"] = sorted(router.stalled)
+        # Every rank quiet: no live rank to move to, routing as without stalls.
+        clock.now += max_age + 1
+        go("all_quiet", _prompt(100, 40), publish=(), load_skip=range(dp))
+        out["all_stalled_set"] = sorted(router.stalled)
+        # Rank 1 reports again (digest and load): routed to by its prefix.
+        go("recovered_prefix", a + _prompt(101, 8), publish=range(dp), load_skip=())
+        go("recovered_new", _prompt(102, 40), publish=range(dp), load_skip=())
+        out["recovered_set"] = sorted(router.stalled)
+        out["log"] = list(records)
+        out["stats"] = dict(router.stats)
+        return out
+    finally:
+        log.removeHandler(capture)
+        log.setLevel(level)
         handle.close()
 
 

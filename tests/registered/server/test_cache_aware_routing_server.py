@@ -8,13 +8,20 @@ and every later turn is served from cache (``cached_tokens`` >= the previous
 prompt); round_robin on the same workload has a strictly lower hit rate.  With
 a small device pool and HiCache the host tier's prefixes are routed to as well
 (``cached_tokens_details.host``).  With ``--enable-metrics`` the router's
-Prometheus series are on the server's ``/metrics``.
+Prometheus series are on the server's ``/metrics``.  A stalled rank (its
+scheduler stopped with SIGSTOP while the other rank is busy) is routed around
+once the router can tell (``--dp-routing-digest-max-age``), with one warning,
+and routed to again after SIGCONT.
 """
 
+import os
 import re
+import signal
+import threading
 import time
 import unittest
 
+import psutil
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.live_server import HICACHE_ARGS, LiveServer, assert_all_gone, greedy
@@ -65,10 +72,98 @@ def namespace_probe(server) -> dict:
     return out
 
 
+STALL_WARNING = "DP rank 1 sent no prefix digest"
+BUSY_CLIENTS = 6  # requests kept running on DP rank 0 during the stall
+
+
+def scheduler_pid(server, dp_rank: int) -> int:
+    title = f"sglang::scheduler_DP{dp_rank}"
+    for proc in psutil.Process(server.proc.pid).children(recursive=True):
+        try:
+            if any(title == part for part in proc.cmdline()):
+                return proc.pid
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no {title} process under {server.proc.pid}")
+
+
+def wait_for_log(server, text: str, timeout: float) -> float:
+    """Seconds until ``text`` appears in the server log (bounded)."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if text in server.log_text():
+            return time.monotonic() - start
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} not logged within {timeout} s")
+
+
+def stall_probe(server) -> dict:
+    """DP rank 0 kept busy (requests routed to it explicitly), rank 1 idle and
+    then stopped: its frozen load snapshot (idle) is the lightest, so the
+    least-loaded fallback would pick it. Once the router logs the stall, new
+    prompts must land on rank 0; after SIGCONT they go to rank 1 again."""
+    stop = threading.Event()
+    errors = []
+
+    def busy(i):
+        prompt = conversations(1, seed=500 + i, first=60)[0]
+        while not stop.is_set():
+            try:
+                server.generate(
+                    {
+                        "input_ids": prompt,
+                        "routed_dp_rank": 0,
+                        "sampling_params": greedy(48),
+                    }
+                )
+            except Exception as exc:  # noqa: BLE001 (reported by the test)
+                errors.append(repr(exc))
+                return
+
+    def probe(seed, timeout):
+        prompt = conversations(1, seed=seed, first=40)[0]
+        r = server.generate(
+            {"input_ids": prompt, "sampling_params": greedy(2)}, timeout=timeout
+        )
+        return r["meta_info"]["dp_rank"]
+
+    threads = [threading.Thread(target=busy, args=(i,)) for i in range(BUSY_CLIENTS)]
+    for t in threads:
+        t.start()
+    pid = scheduler_pid(server, 1)
+    out = {}
+    try:
+        time.sleep(1.0)  # the busy requests are running on rank 0
+        before = outcomes(server)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            # --dp-routing-digest-max-age (5 s) after its last report.
+            out["detected_after_s"] = wait_for_log(server, STALL_WARNING, 60.0)
+            out["during"] = [probe(700 + i, timeout=60.0) for i in range(6)]
+            mid = outcomes(server)
+            out["stall_outcomes"] = mid.get("stall", 0) - before.get("stall", 0)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        after = []
+        deadline = time.monotonic() + 60.0
+        while time.monotonic() < deadline and 1 not in after:
+            after.append(probe(800 + len(after), timeout=60.0))
+        out["after"] = after
+        out["recovered_logged"] = "DP rank 1 reports again" in server.log_text()
+        out["warnings"] = server.log_text().count(STALL_WARNING)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(120)
+    out["busy_errors"] = errors
+    return out
+
+
 class TestCacheAwareRoutingServer(unittest.TestCase):
     runs: dict = {}
     metrics: dict = {}
     namespaces: dict = {}
+    stall: dict = {}
 
     @classmethod
     def _serve(cls, name, extra, sequential=None, **work):
@@ -82,6 +177,7 @@ class TestCacheAwareRoutingServer(unittest.TestCase):
             if "--enable-metrics" in extra:
                 cls.namespaces = namespace_probe(server)
                 cls.metrics[name] = server.get("/metrics").text
+                cls.stall = stall_probe(server)
         except Exception as exc:
             raise RuntimeError(f"{name}: {exc}\n{server.log_tail()}") from exc
         finally:
@@ -168,6 +264,22 @@ class TestCacheAwareRoutingServer(unittest.TestCase):
         self.assertEqual(a1_how, ["match"], self.namespaces)
         self.assertEqual(a1_rank, a0_rank, self.namespaces)
         self.assertGreaterEqual(a1_cached, 296, self.namespaces)
+
+    def test_stalled_rank_is_routed_around(self):
+        stall = self.stall
+        print(f"stall probe: {stall}")
+        self.assertEqual(stall["busy_errors"], [])
+        # Detected after the max age (5 s) of its last digest, not long after.
+        self.assertGreaterEqual(stall["detected_after_s"], 4.0, stall)
+        self.assertLess(stall["detected_after_s"], 20.0, stall)
+        # Every prompt sent once the stall is known goes to the live rank,
+        # each one routed around the stalled rank the fallback would pick.
+        self.assertEqual(stall["during"], [0] * 6, stall)
+        self.assertEqual(stall["stall_outcomes"], 6, stall)
+        self.assertEqual(stall["warnings"], 1, stall)
+        # After SIGCONT the idle rank is chosen again.
+        self.assertEqual(stall["after"][-1], 1, stall)
+        self.assertTrue(stall["recovered_logged"], stall)
 
     def test_round_robin_hits_less(self):
         ca, rr = hit_rate(self.runs["cache_aware"]), hit_rate(self.runs["round_robin"])

@@ -13,7 +13,7 @@ import unittest
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.gloo_ranks import run_ranks
-from harness.scenarios.routing import cache_aware_cases, pending_cases
+from harness.scenarios.routing import cache_aware_cases, pending_cases, stall_cases
 
 register_cpu_ci(est_time=60, suite="base-a-test-cpu")
 FEATURE_GROUP = "cache-aware-routing"  # the series group it tests (or "series")
@@ -147,6 +147,58 @@ class TestPendingPrefixes(unittest.TestCase):
     def test_restart_drops_pending(self):
         self.assertGreaterEqual(self.out["pending_before_restart"], 6)
         self.assertEqual(self.out["pending_after_restart"], 0)
+
+
+class TestStalledRanks(unittest.TestCase):
+    """A rank that sent no digest and no load snapshot for
+    --dp-routing-digest-max-age is not chosen while another rank is live;
+    routing returns to it when it reports again (the router's clock is the
+    scenario's, so every step is exact)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.out = run_ranks(stall_cases, 1, timeout=600)[0]
+
+    def assertLanded(self, case, rank, how):
+        self.assertEqual(self.out[case], (rank, how), case)
+
+    def test_before_the_stall(self):
+        self.assertTrue(self.out["settled"])
+        self.assertLanded("before_new", 1, "miss")
+        self.assertLanded("before_prefix", 1, "match")
+
+    def test_a_stale_digest_alone_is_not_a_stall(self):
+        # Its load snapshot still advances (a busy rank): least loaded wins.
+        self.assertLanded("busy_new", 1, "miss")
+        self.assertLanded("load_just_stopped", 1, "miss")
+
+    def test_stalled_rank_is_routed_around(self):
+        # Its frozen snapshot is the lightest; the live ranks' lightest is 2.
+        self.assertEqual(self.out["stalled_set"], [1])
+        self.assertLanded("stalled_new", 2, "stall")
+        self.assertLanded("stalled_prefix", 2, "stall")
+        # A decision that never picked the stalled rank is unchanged.
+        self.assertLanded("stalled_other_match", 2, "match")
+
+    def test_no_live_rank_routes_as_before(self):
+        self.assertEqual(self.out["all_stalled_set"], [0, 1, 2, 3])
+        self.assertLanded("all_quiet", 1, "no_digest")
+
+    def test_recovery(self):
+        self.assertEqual(self.out["recovered_set"], [])
+        self.assertLanded("recovered_prefix", 1, "match")
+        self.assertLanded("recovered_new", 1, "miss")
+
+    def test_one_warning_per_stall_and_counters(self):
+        warnings = [m for level, m in self.out["log"] if level == "WARNING"]
+        ranks = [int(m.split("DP rank ")[1].split()[0]) for m in warnings]
+        # Rank 1 once over its three stalled dispatches, then the others
+        # once each when every rank went quiet.
+        self.assertEqual(ranks, [1, 0, 2, 3], warnings)
+        self.assertIn("--dp-routing-digest-max-age 3.0", warnings[0])
+        again = [m for level, m in self.out["log"] if "reports again" in m]
+        self.assertEqual(len(again), 4, self.out["log"])
+        self.assertEqual(self.out["stats"].get("stall"), 2, self.out["stats"])
 
 
 if __name__ == "__main__":

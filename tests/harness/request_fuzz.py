@@ -1,0 +1,287 @@
+"""A bounded, seeded fuzzer over the request schema of a live server.
+
+``named_cases(vocab)`` are hand-made malformed requests (out-of-vocabulary and
+negative token ids in every field that carries one, empty prompts, logprob
+arguments past their range, invalid grammars, wrong types) on ``/generate``
+and the OpenAI-compatible routes; ``random_cases(seed, n, vocab)`` mutates one
+or two fields of a valid request with values drawn from typed edge pools
+(wrong types, empty and huge values, boundaries around the vocabulary).
+Values that are valid but cost real work (a large ``n``, thousands of new
+tokens) are not drawn: they are load, not malformed input.
+
+``run_cases`` sends each case, then a good request that must be served, and
+records what happened; it stops at the first case after which the server no
+longer answers (``alive`` False), so a caller can restart and go on.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import requests
+
+GOOD = {
+    "text": "page layer",
+    "sampling_params": {"temperature": 0, "max_new_tokens": 2},
+}
+GREEDY = {"temperature": 0, "max_new_tokens": 2}
+CHAT = [{"role": "user", "content": "page layer"}]
+
+
+def named_cases(vocab: int) -> dict[str, tuple[str, dict]]:
+    """``{name: (path, body)}``."""
+    g = GREEDY
+    gen = {
+        "prompt_id_past_vocab": {
+            "input_ids": [5, vocab + 999, 7],
+            "sampling_params": g,
+        },
+        "prompt_id_at_vocab": {"input_ids": [5, vocab], "sampling_params": g},
+        "prompt_id_negative": {"input_ids": [-1, 5], "sampling_params": g},
+        "prompt_ids_empty": {"input_ids": [], "sampling_params": g},
+        "text_empty": {"text": "", "sampling_params": g},
+        "batch_text_with_empty": {"text": ["page layer", ""], "sampling_params": g},
+        "batch_ids_with_empty": {"input_ids": [[5, 6], []], "sampling_params": g},
+        "batch_ids_with_oov": {"input_ids": [[5, 6], [vocab]], "sampling_params": g},
+        "prompt_id_int64_overflow": {"input_ids": [5, 2**63], "sampling_params": g},
+        "prompt_id_float": {"input_ids": [5, 1.5], "sampling_params": g},
+        "prompt_ids_string": {"input_ids": "abc", "sampling_params": g},
+        "stop_id_past_vocab": {
+            "text": "page",
+            "sampling_params": {
+                **g,
+                "stop_token_ids": [vocab + 5],
+                "min_new_tokens": 1,
+            },
+        },
+        "stop_id_negative": {
+            "text": "page",
+            "sampling_params": {**g, "stop_token_ids": [-3], "min_new_tokens": 1},
+        },
+        "logit_bias_past_vocab": {
+            "text": "page",
+            "sampling_params": {**g, "logit_bias": {str(vocab + 5): 1.0}},
+        },
+        "logit_bias_negative": {
+            "text": "page",
+            "sampling_params": {**g, "logit_bias": {"-1": 1.0}},
+        },
+        "token_ids_logprob_past_vocab": {
+            "text": "page",
+            "sampling_params": g,
+            "return_logprob": True,
+            "token_ids_logprob": [vocab + 5],
+        },
+        "top_logprobs_num_past_vocab": {
+            "text": "page",
+            "sampling_params": g,
+            "return_logprob": True,
+            "top_logprobs_num": 100000,
+        },
+        "top_logprobs_num_past_vocab_stream": {
+            "text": "page",
+            "stream": True,
+            "sampling_params": g,
+            "return_logprob": True,
+            "top_logprobs_num": 100000,
+        },
+        "logprob_start_len_past_prompt": {
+            "text": "page layer cache prefix",
+            "sampling_params": g,
+            "return_logprob": True,
+            "logprob_start_len": 100000,
+        },
+        "logprob_start_len_below_minus_one": {
+            "text": GOOD["text"],  # upstream crashes on a cached prompt
+            "sampling_params": g,
+            "return_logprob": True,
+            "logprob_start_len": -5,
+        },
+        "regex_invalid": {"text": "page", "sampling_params": {**g, "regex": "("}},
+        "json_schema_invalid": {
+            "text": "page",
+            "sampling_params": {**g, "json_schema": "{bad"},
+        },
+        "ebnf_invalid": {"text": "page", "sampling_params": {**g, "ebnf": "x ::="}},
+        "max_new_tokens_huge": {
+            "text": "page",
+            "sampling_params": {"max_new_tokens": 10**12},
+        },
+        "sampling_params_list": {"text": "page", "sampling_params": []},
+        "lora_unknown": {"text": "page", "lora_path": "nope", "sampling_params": g},
+    }
+    oai = {
+        "completions_prompt_id_past_vocab": {"prompt": [vocab + 9]},
+        "completions_prompt_id_negative": {"prompt": [-1]},
+        "completions_prompt_empty_list": {"prompt": []},
+        "completions_prompt_empty": {"prompt": ""},
+        "completions_logprobs_past_vocab": {"prompt": "page", "logprobs": 100000},
+        "completions_logit_bias_past_vocab": {
+            "prompt": "page",
+            "logit_bias": {str(vocab + 5): 1},
+        },
+        "completions_stop_id_past_vocab": {
+            "prompt": "page",
+            "stop_token_ids": [vocab + 5],
+            "min_tokens": 1,
+        },
+    }
+    chat = {
+        "chat_messages_empty": {"messages": []},
+        "chat_top_logprobs_past_vocab": {
+            "messages": CHAT,
+            "logprobs": True,
+            "top_logprobs": 100000,
+        },
+        "chat_logit_bias_past_vocab": {
+            "messages": CHAT,
+            "logit_bias": {str(vocab + 5): 1},
+        },
+        "chat_stop_id_past_vocab": {
+            "messages": CHAT,
+            "stop_token_ids": [vocab + 5],
+            "min_tokens": 1,
+        },
+        "chat_schema_invalid": {
+            "messages": CHAT,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "bogus"}},
+            },
+        },
+    }
+    out = {name: ("/generate", body) for name, body in gen.items()}
+    for name, body in oai.items():
+        out[name] = ("/v1/completions", {"model": "m", "max_tokens": 2, **body})
+    for name, body in chat.items():
+        out[name] = ("/v1/chat/completions", {"model": "m", "max_tokens": 2, **body})
+    return out
+
+
+def _pools(vocab: int) -> dict[str, list]:
+    ints = [-(2**63), -5, -2, -1, 0, 1, vocab - 1, vocab, vocab + 1, 10**9, 2**64]
+    ids = [[], [vocab], [-1], [0, vocab - 1], [vocab * 1000], [1.5], ["a"], [None]]
+    odd = [None, True, "x", "", 1.5, [], {}, [[]], "x" * 5000]
+    return dict(ints=ints, ids=ids, odd=odd)
+
+
+# field -> pools its values are drawn from (prompt-level, sampling_params,
+# OpenAI completions).
+_GEN_FIELDS = {
+    "text": ("odd",),
+    "input_ids": ("ids", "odd"),
+    "return_logprob": ("odd",),
+    "top_logprobs_num": ("ints", "odd"),
+    "logprob_start_len": ("ints", "odd"),
+    "token_ids_logprob": ("ids", "odd"),
+    "stream": ("odd",),
+    "rid": ("odd",),
+}
+_SAMPLING_FIELDS = {
+    "max_new_tokens": ("ints", "odd"),
+    "min_new_tokens": ("ints", "odd"),
+    "temperature": ("ints", "odd"),
+    "top_p": ("ints", "odd"),
+    "top_k": ("ints", "odd"),
+    "min_p": ("ints", "odd"),
+    "frequency_penalty": ("ints", "odd"),
+    "presence_penalty": ("ints", "odd"),
+    "repetition_penalty": ("ints", "odd"),
+    "stop": ("odd",),
+    "stop_token_ids": ("ids", "odd"),
+    "logit_bias": ("logit_bias", "odd"),
+    "n": ("small_n", "odd"),
+    "regex": ("odd",),
+    "json_schema": ("odd",),
+    "ignore_eos": ("odd",),
+    "sampling_seed": ("ints", "odd"),
+}
+_COMPLETION_FIELDS = {
+    "prompt": ("ids", "odd"),
+    "max_tokens": ("ints", "odd"),
+    "logprobs": ("ints", "odd"),
+    "temperature": ("ints", "odd"),
+    "top_p": ("ints", "odd"),
+    "stop_token_ids": ("ids", "odd"),
+    "logit_bias": ("logit_bias", "odd"),
+    "n": ("small_n", "odd"),
+    "echo": ("odd",),
+    "min_tokens": ("ints", "odd"),
+}
+
+# Valid values that cost real work (large n, long outputs) are never drawn.
+_BOUNDED = {"max_new_tokens", "max_tokens", "min_new_tokens", "min_tokens"}
+
+
+def _draw(rng, field, pools_of, pools, vocab):
+    pool = rng.choice(pools_of[field])
+    if pool == "logit_bias":
+        return rng.choice([{str(vocab): 1.0}, {"-1": 1.0}, {"x": 1}, {"0": "x"}])
+    if pool == "small_n":
+        return rng.choice([0, -1, 2])
+    value = rng.choice(pools[pool])
+    if field in _BOUNDED and (value is None or isinstance(value, int) and value > 64):
+        value = 10**9  # past the context: refused (None: up to the context)
+    return value
+
+
+def random_cases(seed: int, n: int, vocab: int) -> dict[str, tuple[str, dict]]:
+    """``n`` seeded mutations of valid requests: ``{name: (path, body)}``."""
+    rng = random.Random(seed)
+    pools = _pools(vocab)
+    out = {}
+    for i in range(n):
+        route = rng.choice(("generate", "generate", "sampling", "completions"))
+        if route == "completions":
+            path = "/v1/completions"
+            body = {"model": "m", "prompt": "page layer", "max_tokens": 2}
+            fields, target = _COMPLETION_FIELDS, body
+        else:
+            path = "/generate"
+            body = {"text": "page layer", "sampling_params": dict(GREEDY)}
+            if route == "generate":
+                fields, target = _GEN_FIELDS, body
+            else:
+                fields, target = _SAMPLING_FIELDS, body["sampling_params"]
+        changed = rng.sample(sorted(fields), rng.choice((1, 1, 2)))
+        for field in changed:
+            target[field] = _draw(rng, field, fields, pools, vocab)
+        if "text" in changed and "input_ids" in changed:
+            body.pop("text")
+        out[f"random{i:03d}:{route}:{'+'.join(changed)}"] = (path, body)
+    return out
+
+
+def _post(base_url, path, body, timeout):
+    data = json.dumps(body, allow_nan=True)
+    return requests.post(
+        base_url + path,
+        data=data,
+        headers={"Content-Type": "application/json"},
+        timeout=timeout,
+    )
+
+
+def run_cases(base_url: str, cases: dict, timeout: float = 60.0) -> list[dict]:
+    """``GOOD`` (the server serves, and its prompt is cached), then each case
+    followed by ``GOOD``; ``[{name, status, body, alive}]`` up to and including
+    the first case after which the server did not serve ``GOOD``."""
+    first = _post(base_url, "/generate", GOOD, timeout)
+    assert first.status_code == 200, first.text[:500]
+    out = []
+    for name, (path, body) in cases.items():
+        try:
+            resp = _post(base_url, path, body, timeout)
+            status, text = resp.status_code, resp.text
+        except requests.RequestException as exc:
+            status, text = None, f"{type(exc).__name__}: {exc}"
+        try:
+            good = _post(base_url, "/generate", GOOD, timeout)
+            alive = good.status_code == 200 and len(good.json()["output_ids"]) > 0
+        except requests.RequestException:
+            alive = False
+        out.append(dict(name=name, status=status, body=text[:2000], alive=alive))
+        if not alive:
+            break
+    return out
