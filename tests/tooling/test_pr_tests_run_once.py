@@ -1,0 +1,51 @@
+"""Each PR test runs once per CI: collecting ``tests`` leaves the groups' PR
+tests to ``make pr-check`` (tests/tooling/test_pr_check.py), keeps every
+project-only and series-wide file, and a PR test named on the command line is
+collected."""
+
+import subprocess
+import sys
+
+from .conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import pr_tests  # noqa: E402
+
+sys.path.remove(str(ROOT / "scripts"))
+
+
+def _collected(*args) -> set[str]:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            *args,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return {line.split("::")[0] for line in out.splitlines() if "::" in line}
+
+
+def test_pr_tests_are_left_to_pr_check():
+    collected = _collected("tests/registered")
+    registered = sorted(pr_tests.REGISTERED.rglob("test_*.py"))
+    groups = {g for p in registered for g in pr_tests.declared_groups(p)}
+    pr = {
+        str(p.relative_to(ROOT))
+        for g in groups - {pr_tests.SERIES_WIDE}
+        for p in pr_tests.feature_tests(g)
+    }
+    others = {str(p.relative_to(ROOT)) for p in registered} - pr
+    assert pr and others
+    assert not pr & collected, sorted(pr & collected)
+    assert others <= collected, sorted(others - collected)
+    named = sorted(pr)[0]
+    assert _collected(named) == {named}
