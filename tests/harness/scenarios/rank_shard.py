@@ -47,9 +47,11 @@ def disable_exchange(cc) -> None:
     cc.rank_shard.exchange.exchange_layer = no_exchange
 
 
-def _extra():
+def _extra(model: str = "dsa"):
     from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
 
+    if model == "mla":
+        return None
     return [PoolTransfer(name=PoolName.INDEXER, indices_from_pool=PoolName.KV)]
 
 
@@ -67,6 +69,7 @@ def sharded_roundtrip(
     size: int = 1024,
     count_groups: bool = False,
     staging_bytes: int | None = None,
+    model: str = "dsa",
 ) -> dict:
     """Writes, device evictions, load-backs and host evictions; after every
     load-back every rank checks its device rows (KV and indexer) bit for bit.
@@ -78,6 +81,7 @@ def sharded_roundtrip(
     that SGLANG_HICACHE_RANK_SHARD_STAGING_MB allows, so that a layer is
     broadcast in several chunks. The rank-shard log lines
     (SGLANG_HICACHE_RANK_SHARD_LOG_EVERY) are returned as ``log``.
+    ``model="mla"`` runs a plain MLA stack (no indexer pool).
     """
     import logging
 
@@ -92,10 +96,22 @@ def sharded_roundtrip(
         if count_groups
         else None
     )
-    skip = tuple(skip_topk_layers) if skip_topk_layers else (False,) * layer_num
+    if model == "mla":
+        skip = (True,) * layer_num  # no indexer
+    else:
+        skip = tuple(skip_topk_layers) if skip_topk_layers else (False,) * layer_num
     stack = build_dsa_stack(
-        rank, world_size, layer_num=layer_num, skip_topk_layers=skip, size=size
+        rank,
+        world_size,
+        model=model,
+        layer_num=layer_num,
+        skip_topk_layers=skip,
+        size=size,
     )
+
+    def extra():  # a fresh transfer list per call (the controller fills it in)
+        return _extra(model)
+
     pool, alloc, cc = stack.device_pool, stack.allocator, stack.controller
     cc.load_fence_stream = torch.cpu.current_stream()
     shard = getattr(cc, "rank_shard", None)
@@ -152,7 +168,7 @@ def sharded_roundtrip(
                 node_id=next_id,
                 live_ix=live_ix,
                 gen=gen,
-                extra_pools=_extra(),
+                extra_pools=extra(),
             )
             if node is None:
                 alloc.free(dev)
@@ -173,7 +189,7 @@ def sharded_roundtrip(
             node = nodes[node_id]
             if direct_submit:
                 return _direct_submit(cc, node["host"], alloc)
-            dev = cc.load(node["host"], node_id=node_id, extra_pools=_extra())
+            dev = cc.load(node["host"], node_id=node_id, extra_pools=extra())
             if dev is None:
                 events.append(("load", node_id, "no device space"))
                 continue
@@ -199,10 +215,16 @@ def sharded_roundtrip(
         sharded=shard is not None,
         staging_at_start=staging_at_start,
         kv_host_layers=list(stack.kv_host._target_layer_indices),
-        indexer_host_layers=list(stack.indexer_host._live_target_layers),
+        indexer_host_layers=(
+            list(stack.indexer_host._live_target_layers) if stack.indexer_host else []
+        ),
         kv_host_size=stack.kv_host.size,
         kv_host_bytes=stack.kv_host.kv_buffer.numel(),
-        indexer_host_bytes=stack.indexer_host.index_k_with_scale_buffer.numel(),
+        indexer_host_bytes=(
+            stack.indexer_host.index_k_with_scale_buffer.numel()
+            if stack.indexer_host
+            else 0
+        ),
         events=events,
         mismatches=mismatches,
         trace=trace,

@@ -1,12 +1,15 @@
-"""A DSA HiCache stack built on CPU through upstream's own construction path.
+"""A DSA (or plain MLA) HiCache stack built on CPU through upstream's own
+construction path.
 
 ``build_dsa_stack`` publishes ``ServerArgs`` for this rank, creates a
 ``DSATokenToKVPool`` (MLA latent KV + DSA indexer-K) and a paged allocator,
 and calls ``_DsaStrategy().build`` -- the call ``attach_hybrid_pool_to_unified_cache``
 makes in a server -- which runs ``prepare_host_pool_config`` ->
-``build_host_pool_group`` -> ``HybridCacheController``.  Only the CUDA-only
-pieces are replaced, by the stand-ins in ``tests/standins`` (the two direct
-``kvcacheio`` ops and pinned-memory registration).
+``build_host_pool_group`` -> ``HybridCacheController``.  With ``model="mla"``
+it creates a plain ``MLATokenToKVPool`` (DeepSeek-V3 / R1, Kimi-K2) and calls
+``_PlainKvStrategy().build`` instead (``build_kv_only_stack``).  Only the
+CUDA-only pieces are replaced, by the stand-ins in ``tests/standins`` (the two
+direct ``kvcacheio`` ops and pinned-memory registration).
 """
 
 from __future__ import annotations
@@ -38,19 +41,26 @@ class DsaStack:
 
     @property
     def indexer_host(self):
+        """The DSA indexer host pool (None for a plain MLA stack)."""
         from sglang.srt.mem_cache.hicache_storage import PoolName
 
-        return self.controller.mem_pool_host.get_pool(PoolName.INDEXER)
+        entry = self.controller.mem_pool_host.entry_map.get(PoolName.INDEXER)
+        return entry.host_pool if entry is not None else None
 
     def buffer_names(self) -> dict[int, str]:
         """data_ptr -> stable name, to make transfer traces comparable across runs."""
         names = {}
         for l, buf in enumerate(self.device_pool.kv_buffer):
             names[buf.data_ptr()] = f"device.kv[{l}]"
-        for l, buf in enumerate(self.device_pool.index_k_with_scale_buffer):
+        for l, buf in enumerate(
+            getattr(self.device_pool, "index_k_with_scale_buffer", ())
+        ):
             names[buf.data_ptr()] = f"device.indexer[{l}]"
         names[self.kv_host.kv_buffer.data_ptr()] = "host.kv"
-        names[self.indexer_host.index_k_with_scale_buffer.data_ptr()] = "host.indexer"
+        if self.indexer_host is not None:
+            names[self.indexer_host.index_k_with_scale_buffer.data_ptr()] = (
+                "host.indexer"
+            )
         return names
 
 
@@ -102,10 +112,34 @@ def dsa_device_pool(
     )
 
 
+def mla_device_pool(
+    *,
+    size: int = 256,
+    page_size: int = 64,
+    layer_num: int = 4,
+    kv_dtype: torch.dtype = torch.bfloat16,
+    device: str = "cpu",
+):
+    """A real plain ``MLATokenToKVPool`` (512-dim latent + 64 rope)."""
+    from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+
+    return MLATokenToKVPool(
+        size=size,
+        page_size=page_size,
+        dtype=kv_dtype,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        layer_num=layer_num,
+        device=device,
+        enable_memory_saver=False,
+    )
+
+
 def build_dsa_stack(
     rank: int = 0,
     world_size: int = 1,
     *,
+    model: str = "dsa",
     layer_num: int = 5,
     skip_topk_layers: tuple[bool, ...] | None = (False, False, True, False, False),
     size: int = 1024,
@@ -132,17 +166,31 @@ def build_dsa_stack(
 
     from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-    from sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler import _DsaStrategy
-
-    pool = dsa_device_pool(
-        size=size,
-        page_size=page_size,
-        layer_num=layer_num,
-        skip_topk_layers=skip_topk_layers,
-        kv_dtype=kv_dtype,
-        kv_cache_dim=kv_cache_dim,
-        device=device,
+    from sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler import (
+        _DsaStrategy,
+        _PlainKvStrategy,
     )
+
+    if model == "mla":
+        pool = mla_device_pool(
+            size=size,
+            page_size=page_size,
+            layer_num=layer_num,
+            kv_dtype=kv_dtype,
+            device=device,
+        )
+        strategy = _PlainKvStrategy()
+    else:
+        pool = dsa_device_pool(
+            size=size,
+            page_size=page_size,
+            layer_num=layer_num,
+            skip_topk_layers=skip_topk_layers,
+            kv_dtype=kv_dtype,
+            kv_cache_dim=kv_cache_dim,
+            device=device,
+        )
+        strategy = _DsaStrategy()
     allocator = PagedTokenToKVPoolAllocator(
         size, page_size, torch.int64, device, pool, False
     )
@@ -153,7 +201,7 @@ def build_dsa_stack(
         page_size=page_size,
         tp_cache_group=tp_group if tp_group is not None else dist.group.WORLD,
     )
-    result = _DsaStrategy().build(
+    result = strategy.build(
         cache=None,
         kvcache=pool,
         params=params,

@@ -1,10 +1,12 @@
 """Rank-sharded HiCache host tier (SGLANG_ENABLE_HICACHE_RANK_SHARD) on CPU.
 
 Real processes (one per TP rank, gloo), DSA stacks built through upstream's
-``_DsaStrategy.build`` with the patched modules; only the two direct
-``kvcacheio`` ops and pinned-memory registration are stand-ins.
+``_DsaStrategy.build`` and plain MLA stacks (DeepSeek-V3 / R1, Kimi-K2)
+through ``_PlainKvStrategy.build``, with the patched modules; only the two
+direct ``kvcacheio`` ops and pinned-memory registration are stand-ins.
 """
 
+import math
 import os
 import unittest
 from unittest import mock
@@ -40,10 +42,15 @@ class _ShardedRun:
     WORLD = 4
     LAYERS = 7
     SKIP = None
+    MODEL = "dsa"
+    DEVICE_TOKENS, RATIO, PAGE = 1024, 2.0, 64  # the scenario's pool, hicache ratio
 
     @classmethod
     def setUpClass(cls):
-        cls.skip = cls.SKIP or (False,) * cls.LAYERS
+        if cls.MODEL == "mla":
+            cls.skip = (True,) * cls.LAYERS  # no indexer
+        else:
+            cls.skip = cls.SKIP or (False,) * cls.LAYERS
         cls.results = run_ranks(
             sharded_roundtrip,
             cls.WORLD,
@@ -58,6 +65,7 @@ class _ShardedRun:
             layer_num=cls.LAYERS,
             skip_topk_layers=cls.skip,
             count_groups=True,
+            model=cls.MODEL,
         )
 
     def test_every_rank_is_sharded_with_round_robin_owners(self):
@@ -86,6 +94,18 @@ class _ShardedRun:
         for r in self.results[1:]:
             self.assertEqual(r["events"], self.results[0]["events"])
             self.assertEqual(r["kv_host_size"], self.results[0]["kv_host_size"])
+
+    def test_host_capacity_grows_by_the_layer_share(self):
+        # The same host memory as the replicated tier (ratio x device KV bytes)
+        # holds layers / ceil(layers / tp) times the tokens, plus the padding
+        # page of the unsharded sizing; each rank's buffer holds its layers.
+        per_rank = math.ceil(self.LAYERS / self.WORLD)
+        tokens = int(self.DEVICE_TOKENS * self.RATIO * self.LAYERS / per_rank)
+        expected = (tokens // self.PAGE + 1) * self.PAGE
+        for r in self.results:
+            self.assertEqual(r["kv_host_size"], expected)
+            owned = len(r["kv_host_layers"])
+            self.assertEqual(r["kv_host_bytes"], expected * owned * 576, r["rank"])
 
     def test_host_copies_touch_only_owned_layers_with_owned_bytes(self):
         live = [i for i, s in enumerate(self.skip) if not s]
@@ -116,7 +136,7 @@ class _ShardedRun:
         total_received = sum(r["bytes_received"] for r in self.results)
         self.assertEqual(total_received, total_sent * (self.WORLD - 1))
         self.assertTrue(all(r["gate_event_set"] for r in self.results))
-        self.assertTrue(live)
+        self.assertEqual(bool(live), self.MODEL == "dsa")
 
     def test_one_broadcast_per_layer_owner(self):
         """KV and indexer rows of a layer with one owner share one broadcast
@@ -130,7 +150,10 @@ class _ShardedRun:
         per_load = sum(
             len({kv[l]} | ({ix[l]} if l in ix else set())) for l in range(self.LAYERS)
         )
-        self.assertGreater(per_load, self.LAYERS)  # the skip moves some owners
+        if self.MODEL == "dsa":
+            self.assertGreater(per_load, self.LAYERS)  # the skip moves some owners
+        else:
+            self.assertEqual(per_load, self.LAYERS)  # one owner per layer
         events = self.results[0]["events"]
         loads = sum(1 for e in events if e[0] == "load" and isinstance(e[2], list))
         for r in self.results:
@@ -156,6 +179,24 @@ class TestRankShardEightRanks(_ShardedRun, unittest.TestCase):
     WORLD = 8
     LAYERS = 11  # not divisible by 8; 9 live indexer layers
     SKIP = (False, True, False, False, False, True, False, False, False, False, False)
+
+
+class TestRankShardMlaTwoRanks(_ShardedRun, unittest.TestCase):
+    MODEL = "mla"
+    WORLD = 2
+    LAYERS = 5
+
+
+class TestRankShardMlaFourRanks(_ShardedRun, unittest.TestCase):
+    MODEL = "mla"
+    WORLD = 4
+    LAYERS = 7
+
+
+class TestRankShardMlaEightRanks(_ShardedRun, unittest.TestCase):
+    MODEL = "mla"
+    WORLD = 8
+    LAYERS = 11
 
 
 class TestRankShardChunkedStaging(unittest.TestCase):
@@ -215,19 +256,58 @@ class TestRankShardPlanInactive(unittest.TestCase):
         with mock.patch.dict(os.environ, {"SGLANG_ENABLE_HICACHE_RANK_SHARD": "0"}):
             self.assertIsNone(maybe_plan_rank_shard(kvcache=self.pool, params=params))
 
+    def test_plain_mla_pools_qualify(self):
+        from sglang.srt.mem_cache.hicache_rank_shard.config import (
+            rank_shard_inactive_reasons,
+        )
+
+        from harness.stacks.dsa import mla_device_pool
+
+        self.assertEqual(rank_shard_inactive_reasons(mla_device_pool(layer_num=4)), [])
+        reasons = rank_shard_inactive_reasons(mla_device_pool(layer_num=1))
+        self.assertEqual(len(reasons), 1, reasons)
+        self.assertIn("fewer layers than ranks (KV 1, tp 2)", reasons[0])
+
+    def test_unsupported_stacks_and_no_hicache_log_one_reason(self):
+        from sglang.srt.mem_cache.hicache_rank_shard.config import (
+            log_rank_shard_without_hicache,
+        )
+        from sglang.srt.mem_cache.hicache_rank_shard.plan import (
+            log_rank_shard_unsupported,
+        )
+
+        with mock.patch.dict(os.environ, {"SGLANG_ENABLE_HICACHE_RANK_SHARD": "1"}):
+            with self.assertLogs(
+                "sglang.srt.mem_cache.hicache_rank_shard", "WARNING"
+            ) as logs:
+                log_rank_shard_unsupported("_SwaStrategy")
+                log_rank_shard_without_hicache()
+        self.assertEqual(len(logs.records), 2, logs.output)
+        self.assertIn(
+            "the _SwaStrategy HiCache stack is not rank-sharded", logs.output[0]
+        )
+        self.assertIn("--enable-hierarchical-cache is off", logs.output[1])
+        with mock.patch.dict(os.environ, {"SGLANG_ENABLE_HICACHE_RANK_SHARD": "0"}):
+            with self.assertNoLogs("sglang.srt.mem_cache.hicache_rank_shard"):
+                log_rank_shard_unsupported("_SwaStrategy")
+                log_rank_shard_without_hicache()
+
 
 class TestRankShardNegativeControls(unittest.TestCase):
     def test_skipping_the_exchange_is_caught(self):
-        results = run_ranks(
-            sharded_roundtrip,
-            2,
-            timeout=900,
-            env=ON,
-            seed=5,
-            steps=20,
-            skip_exchange=True,
-        )
-        self.assertTrue(any(r["mismatches"] for r in results))
+        for model in ("dsa", "mla"):
+            results = run_ranks(
+                sharded_roundtrip,
+                2,
+                timeout=900,
+                env=ON,
+                seed=5,
+                steps=20,
+                skip_exchange=True,
+                model=model,
+            )
+            self.assertTrue(all(r["sharded"] for r in results), model)
+            self.assertTrue(any(r["mismatches"] for r in results), model)
 
     def test_diverging_host_pages_raise_naming_the_rank(self):
         env = {**ON, "SGLANG_HICACHE_RANK_SHARD_VERIFY_EVERY": "1"}

@@ -144,20 +144,22 @@ class TestActivationMatrix(unittest.TestCase):
             self.assertIn(expected, reasons[0])
 
     def test_pool_conditions(self):
-        from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+        # (plain MLA pools: tests/registered/unit/mem_cache/test_hicache_rank_shard.py,
+        # from the patch that shards them on)
+        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
-        mla = MLATokenToKVPool(
+        mha = MHATokenToKVPool(
             size=256,
             page_size=64,
             dtype=torch.bfloat16,
-            kv_lora_rank=512,
-            qk_rope_head_dim=64,
+            head_num=2,
+            head_dim=64,
             layer_num=4,
             device="cpu",
             enable_memory_saver=False,
         )
-        self.assertEqual(len(self._reasons(mla)), 1)
-        self.assertIn("needs a DSA pool", self._reasons(mla)[0])
+        self.assertEqual(len(self._reasons(mha)), 1)
+        self.assertIn("device KV pool is MHATokenToKVPool", self._reasons(mha)[0])
         # one KV layer per rank at least, and one live indexer layer per rank
         reasons = self._reasons(
             dsa_device_pool(layer_num=2, skip_topk_layers=[False, True])
