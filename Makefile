@@ -11,7 +11,7 @@
 # WHEEL_PLATFORM (cross-target, e.g. cp312 / manylinux_2_34_aarch64), LABEL
 # (local version label), FORCE=1 (apply over unexported work), GROUP (refresh:
 # the series group new commits go to), FEATURE (pr; PR_AUTHOR="Name <email>"),
-# PYTEST_ARGS, PORT and SERVER_ARGS (serve-cpu).
+# PYTEST_ARGS, PORT, MODEL (tiny-llama, tiny-mla) and SERVER_ARGS (serve-cpu).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -20,6 +20,7 @@ export PYTHON_TAG WHEEL_PLATFORM LABEL FORCE GROUP
 
 PORT ?= 30000
 SERVER_ARGS ?=
+MODEL ?= tiny-llama
 
 .PHONY: all sysdeps fetch apply refresh wheel venv install model serve-cpu test lint pytest check-series drift rebase rebase-continue rebase-abort series-table pr pr-check clean distclean
 
@@ -63,14 +64,16 @@ venv: $(VENV)/.stamp
 install: venv wheel
 	$(VENV)/bin/python -m pip install -q --no-deps --force-reinstall dist/sglang-*.whl
 
-# The tiny local model of the live tests and serve-cpu (build/tiny-llama).
+# The tiny local models of the live tests and serve-cpu (build/tiny-llama,
+# build/tiny-mla: a DeepSeek-V3 with plain MLA).
 model: venv
-	$(VENV)/bin/python scripts/tiny_model.py
+	$(VENV)/bin/python scripts/tiny_model.py tiny-llama
+	$(VENV)/bin/python scripts/tiny_model.py tiny-mla
 
 # The drop-in server from the built wheel, on CPU, in the foreground on
 # 127.0.0.1:$(PORT); Ctrl-C / SIGTERM stop it and everything it started.
 serve-cpu: install model
-	$(VENV)/bin/python scripts/cpu_server.py --port $(PORT) -- $(SERVER_ARGS)
+	$(VENV)/bin/python scripts/cpu_server.py --port $(PORT) --model $(MODEL) -- $(SERVER_ARGS)
 
 lint: venv
 	$(VENV)/bin/python -m black --check scripts tests benchmark

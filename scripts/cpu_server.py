@@ -55,9 +55,9 @@ HICACHE_ARGS = (
 )
 
 
-def dp_size_of(args: list[str]) -> int:
+def _int_flag(args: list[str], flags: tuple[str, ...]) -> int:
     for i, arg in enumerate(args):
-        for flag in ("--dp-size", "--dp", "--data-parallel-size"):
+        for flag in flags:
             if arg == flag and i + 1 < len(args):
                 return int(args[i + 1])
             if arg.startswith(flag + "="):
@@ -65,9 +65,24 @@ def dp_size_of(args: list[str]) -> int:
     return 1
 
 
+def dp_size_of(args: list[str]) -> int:
+    return _int_flag(args, ("--dp-size", "--dp", "--data-parallel-size"))
+
+
+def tp_size_of(args: list[str]) -> int:
+    return _int_flag(args, ("--tp-size", "--tp", "--tensor-parallel-size"))
+
+
+def scheduler_ranks(args: list[str]) -> int:
+    """Scheduler processes of a launch: TP x DP (DP attention: TP)."""
+    tp, dp = tp_size_of(args), dp_size_of(args)
+    return tp if "--enable-dp-attention" in args else tp * dp
+
+
 def omp_bind(dp_size: int) -> str:
-    """``SGLANG_CPU_OMP_THREADS_BIND``: this machine's cores split over the DP
-    ranks (a rank shares a core when there are fewer cores than ranks)."""
+    """``SGLANG_CPU_OMP_THREADS_BIND``: this machine's cores split over the
+    scheduler ranks (a rank shares a core when there are fewer cores than
+    ranks)."""
     cores = sorted(os.sched_getaffinity(0))
     if dp_size <= len(cores):
         per = len(cores) // dp_size
@@ -87,9 +102,9 @@ def server_env(extra_args: list[str] | None = None, base: dict | None = None) ->
         SGLANG_TEST_CPU_SERVER_STANDINS="1",
         PYTHONUNBUFFERED="1",
     )
-    dp = dp_size_of(list(extra_args or []))
-    if dp > 1:  # startup aborts at DP > 1 without it
-        env.setdefault("SGLANG_CPU_OMP_THREADS_BIND", omp_bind(dp))
+    ranks = scheduler_ranks(list(extra_args or []))
+    if ranks > 1:  # startup aborts at TP or DP > 1 without it (numa_utils.py)
+        env.setdefault("SGLANG_CPU_OMP_THREADS_BIND", omp_bind(ranks))
     # The server's console scripts live beside this interpreter.
     bindir = str(Path(sys.executable).parent)
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
@@ -168,6 +183,12 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument(
+        "--model",
+        default="tiny-llama",
+        choices=sorted(tiny_model.MODELS),
+        help="the tiny local model (built under build/ on first use)",
+    )
+    parser.add_argument(
         "--stop-grace",
         type=float,
         default=SERVE_STOP_GRACE_S,
@@ -177,7 +198,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("server_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     extra = [a for a in args.server_args if a != "--"]
-    model = tiny_model.ensure()
+    model = tiny_model.ensure(tiny_model.model_dir(args.model), args.model)
     cmd = [sys.executable, "-m", "sglang.launch_server"]
     cmd += server_args(model, args.port, extra)
     print("+ " + " ".join(cmd), flush=True)

@@ -1,6 +1,6 @@
 """Make a tiny Llama-family model locally: no download, deterministic.
 
-``python scripts/tiny_model.py [DIR]`` writes a ``LlamaForCausalLM`` (2 layers,
+``python scripts/tiny_model.py [NAME]`` writes a ``LlamaForCausalLM`` (2 layers,
 hidden 128, 4 heads / 2 KV heads, vocab 2048, random bf16 weights, seed 0) as
 safetensors, plus a byte-level BPE tokenizer trained here on generated text
 (with a plain chat template),
@@ -97,17 +97,78 @@ def build_model(out: Path, vocab_size: int) -> None:
     model.save_pretrained(out, safe_serialization=True)
 
 
-def ensure(target: Path = DEFAULT_DIR) -> Path:
+def build_mla_model(out: Path, vocab_size: int) -> None:
+    """A tiny DeepSeek-V3 (plain MLA): 4 dense layers, latent 64 + rope 32."""
+    import torch
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    torch.manual_seed(0)
+    layers = 4
+    config = DeepseekV3Config(
+        vocab_size=vocab_size,
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_hidden_layers=layers,
+        first_k_dense_replace=layers,  # every layer dense (no MoE kernels)
+        moe_layer_freq=1,
+        n_routed_experts=4,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=64,
+        kv_lora_rank=64,
+        qk_nope_head_dim=32,
+        qk_rope_head_dim=32,
+        v_head_dim=32,
+        max_position_embeddings=CONTEXT,
+        # the CPU rotary factory needs a scaling type; factor 1 = plain RoPE
+        rope_scaling={
+            "type": "yarn",
+            "factor": 1.0,
+            "original_max_position_embeddings": CONTEXT,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
+        torch_dtype="bfloat16",
+        tie_word_embeddings=False,
+    )
+    config.architectures = ["DeepseekV3ForCausalLM"]
+    model = DeepseekV3ForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(out, safe_serialization=True)
+
+
+# name -> (model builder, stamp version)
+MODELS = {
+    "tiny-llama": (build_model, VERSION),
+    "tiny-mla": (build_mla_model, "tiny-mla-v1"),
+}
+
+
+def model_dir(name: str) -> Path:
+    return ROOT / "build" / name
+
+
+def ensure(target: Path = DEFAULT_DIR, name: str = "tiny-llama") -> Path:
+    builder, version = MODELS[name]
     stamp = target / ".stamp"
-    if stamp.is_file() and stamp.read_text().strip() == VERSION:
+    if stamp.is_file() and stamp.read_text().strip() == version:
         return target
     tmp = target.with_name(target.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     build_tokenizer(tmp)
     vocab = len(json.loads((tmp / "tokenizer.json").read_text())["model"]["vocab"])
-    build_model(tmp, max(vocab, 3))
-    (tmp / ".stamp").write_text(VERSION + "\n")
+    builder(tmp, max(vocab, 3))
+    (tmp / ".stamp").write_text(version + "\n")
     # Replace the old copy only once the new one is complete.
     if target.exists():
         old = target.with_name(target.name + ".old")
@@ -121,4 +182,6 @@ def ensure(target: Path = DEFAULT_DIR) -> Path:
 
 
 if __name__ == "__main__":
-    print(ensure(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_DIR))
+    # python scripts/tiny_model.py [NAME]   (tiny-llama, tiny-mla)
+    name = sys.argv[1] if len(sys.argv) > 1 else "tiny-llama"
+    print(ensure(model_dir(name), name))

@@ -42,8 +42,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def model_path() -> Path:
-    return tiny_model.ensure()
+def model_path(name: str = "tiny-llama") -> Path:
+    return tiny_model.ensure(tiny_model.model_dir(name), name)
 
 
 class LiveServer:
@@ -53,6 +53,7 @@ class LiveServer:
         extra_args: list[str] | None = None,
         env: dict | None = None,
         name: str = "server",
+        model: str = "tiny-llama",
     ):
         from sglang.test.test_utils import popen_launch_server
 
@@ -63,7 +64,7 @@ class LiveServer:
         self.logdir = Path(tempfile.mkdtemp(prefix=f"live-{name}-"))
         self.stdout_path = self.logdir / "stdout.log"
         self.stderr_path = self.logdir / "stderr.log"
-        dp = cpu_server.dp_size_of(self.extra_args)
+        dp = cpu_server.scheduler_ranks(self.extra_args)
         child_env = cpu_server.server_env(self.extra_args)
         if tree == "upstream":
             from harness.compare import upstream_tree
@@ -87,7 +88,7 @@ class LiveServer:
         self._err = open(self.stderr_path, "w")
         try:
             self.proc = popen_launch_server(
-                str(model_path()),
+                str(model_path(model)),
                 self.base_url,
                 timeout=START_TIMEOUT_S.get(dp, 600.0),
                 other_args=other,

@@ -18,6 +18,9 @@ scheduler and detokenizer processes get it too.  Elsewhere it does nothing.
   direct-copy ops only on CUDA/ROCm.  When a host-pool module is imported, the
   stand-ins of ``standins.pinned_memory`` and ``standins.kvcacheio`` (torch
   copies with the real ops' per-page semantics) are bound into it.
+* DeepSeek MLA on ``torch_native`` (a tiny DeepSeek-V3 on CPU): the handler
+  registry has no ``torch_native`` entry; the stand-in registers one that
+  takes the absorbed-MLA path (``_torch_native_mla_handler`` says why).
 * PD transfer (mooncake): a prefill sender that ``supports_host_tensor_indices``
   stages page indices in pinned host memory behind a ``torch.cuda.Event``
   (``prefill.py`` ``_send_kv_chunk``); on CPU neither exists.  The stand-in sets
@@ -41,6 +44,7 @@ _POOL_MODULES = {
     "sglang.srt.mem_cache.pool_host.mla": "kvcacheio",
     "sglang.srt.mem_cache.pool_host.dsa": "kvcacheio",
     "sglang.srt.disaggregation.mooncake.conn": "mooncake",
+    "sglang.srt.models.deepseek_common.attention_backend_handler": "mla_handler",
 }
 _KVCACHEIO_NAMES = (
     "transfer_kv_all_layer_direct_lf_pf",
@@ -105,11 +109,30 @@ class _PatchAfterExec(importlib.abc.Loader):
             module._cuda_host_register = pinned_memory._cuda_host_register_standin
         elif self._kind == "mooncake":
             module.MooncakeKVSender.supports_host_tensor_indices = False
+        elif self._kind == "mla_handler":
+            module.AttentionBackendRegistry.register(
+                "torch_native", _torch_native_mla_handler(module)
+            )
         else:
             from standins import kvcacheio
 
             for name in _KVCACHEIO_NAMES:
                 setattr(module, name, getattr(kvcacheio, name))
+
+
+def _torch_native_mla_handler(module):
+    """0.5.23 registers no ``torch_native`` entry in the DeepSeek attention
+    handler registry, so ``get_handler`` falls back to ``triton``'s, which
+    sends prefix-free extends down the MHA path; ``TorchNativeAttnBackend``
+    then runs SDPA on the latent pool and fails ("Expected size ... [2, 64]
+    but got: [2, 96]"). The stand-in takes the absorbed-MLA path for every
+    forward, which the torch_native backend computes in torch. A real
+    upstream fix would register the same handler."""
+
+    def handle_attention_torch_native(attn, forward_batch):
+        return module._dispatch_mla_subtype(attn, forward_batch)
+
+    return handle_attention_torch_native
 
 
 class CpuServerFinder(importlib.abc.MetaPathFinder):

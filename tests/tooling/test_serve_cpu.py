@@ -40,7 +40,9 @@ class TestServeCpu(unittest.TestCase):
             text=True,
             check=True,
         ).stdout
-        self.assertIn("scripts/cpu_server.py --port 31234 -- --dp-size 2", out)
+        self.assertIn(
+            "scripts/cpu_server.py --port 31234 --model tiny-llama -- --dp-size 2", out
+        )
 
     def test_example_request_and_sigterm(self):
         port = free_port()
