@@ -1,0 +1,96 @@
+"""Every command line upstream 0.5.23 accepts means the same on our wheel.
+
+argparse resolves an unambiguous prefix of a long option (``--dp 8`` is
+``--dp-size 8``: the spelling of SGLang's own DeepSeek commands); a new flag
+that shares the prefix makes it ambiguous and the launch is refused. For every
+option string of upstream's ``ServerArgs`` parser and every prefix of it that
+upstream resolves to one destination, our parser (the installed wheel) must
+resolve it to the same destination. Each parser is built in a fresh
+interpreter: the pristine unpacked wheel first on ``PYTHONPATH`` for upstream.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import unittest
+
+from sglang.test.ci.ci_register import register_cpu_ci
+
+from harness.compare import upstream_tree
+
+register_cpu_ci(est_time=60, suite="base-a-test-cpu")
+FEATURE_GROUP = "series"  # the series group it tests (or "series")
+PROJECT_ONLY = "compares with the pristine upstream wheel (harness.compare)"
+
+# Prints {option string or prefix: destination, or null when ambiguous or
+# unknown} for the candidates given on stdin, as argparse itself resolves them.
+RESOLVE = r"""
+import argparse, json, sys
+from sglang.srt.server_args import ServerArgs
+
+class Ambiguous(Exception):
+    pass
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise Ambiguous(message)
+
+parser = Parser()
+ServerArgs.add_cli_args(parser)
+candidates = json.load(sys.stdin)
+if candidates is None:  # first call: the option strings themselves
+    candidates = sorted(o for a in parser._actions for o in a.option_strings)
+    prefixes = {o[:k] for o in candidates if o.startswith("--") for k in range(3, len(o))}
+    candidates = sorted(set(candidates) | prefixes)
+out = {}
+for arg in candidates:
+    try:
+        found = parser._parse_optional(arg)
+    except Ambiguous:
+        found = None
+    if isinstance(found, list):  # Python >= 3.12: a list of candidates
+        found = found[0] if len(found) == 1 else None
+    action = found[0] if found else None
+    out[arg] = action.dest if action is not None else None
+print(json.dumps(out))
+"""
+
+
+def resolve(candidates, pythonpath=None):
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(pythonpath), env.get("PYTHONPATH")) if p
+        )
+    proc = subprocess.run(
+        [sys.executable, "-c", RESOLVE],
+        input=json.dumps(candidates),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=True,
+    )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+class TestCliMatchesUpstream(unittest.TestCase):
+    def test_every_upstream_spelling_resolves_the_same(self):
+        upstream = resolve(None, pythonpath=upstream_tree())
+        resolved = {arg: dest for arg, dest in upstream.items() if dest}
+        ours = resolve(sorted(resolved))
+        # The check discriminates: exact flags and abbreviations alike.
+        self.assertIn("--dp", resolved)
+        self.assertEqual(resolved["--dp"], "dp_size")
+        self.assertGreater(len(resolved), 1000)
+        differ = {
+            arg: (dest, ours.get(arg))
+            for arg, dest in resolved.items()
+            if ours.get(arg) != dest
+        }
+        self.assertEqual(differ, {})
+
+
+if __name__ == "__main__":
+    unittest.main()
