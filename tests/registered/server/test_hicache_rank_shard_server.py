@@ -111,7 +111,6 @@ class TestRankShardServer(unittest.TestCase):
         sharded = DEVICE_TOKENS * RATIO * LAYERS // -(-LAYERS // TP) + 1
         self.assertEqual(self.runs["replicated"]["host_pool_tokens"], [replicated] * TP)
         self.assertEqual(self.runs["sharded"]["host_pool_tokens"], [sharded] * TP)
-        self.assertEqual(sharded - 1, 2 * (replicated - 1))
 
     def test_same_outputs_and_cache_hits_as_replicated(self):
         ours, theirs = self.runs["sharded"], self.runs["replicated"]
