@@ -11,7 +11,7 @@
 # WHEEL_PLATFORM (cross-target, e.g. cp312 / manylinux_2_34_aarch64), LABEL
 # (local version label), FORCE=1 (apply over unexported work), GROUP (refresh:
 # the series group new commits go to), FEATURE (pr; PR_AUTHOR="Name <email>"),
-# PYTEST_ARGS, PORT, MODEL (tiny-llama, tiny-mla) and SERVER_ARGS (serve-cpu).
+# PYTEST_ARGS, PORT, MODEL (tiny-llama, tiny-mla, tiny-dsa) and SERVER_ARGS (serve-cpu).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -65,10 +65,11 @@ install: venv wheel
 	$(VENV)/bin/python -m pip install -q --no-deps --force-reinstall dist/sglang-*.whl
 
 # The tiny local models of the live tests and serve-cpu (build/tiny-llama,
-# build/tiny-mla: a DeepSeek-V3 with plain MLA).
+# build/tiny-mla: a DeepSeek-V3 with plain MLA, build/tiny-dsa: a DeepSeek-V3.2).
 model: venv
 	$(VENV)/bin/python scripts/tiny_model.py tiny-llama
 	$(VENV)/bin/python scripts/tiny_model.py tiny-mla
+	$(VENV)/bin/python scripts/tiny_model.py tiny-dsa
 
 # The drop-in server from the built wheel, on CPU, in the foreground on
 # 127.0.0.1:$(PORT); Ctrl-C / SIGTERM stop it and everything it started.

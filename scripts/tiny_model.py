@@ -97,14 +97,9 @@ def build_model(out: Path, vocab_size: int) -> None:
     model.save_pretrained(out, safe_serialization=True)
 
 
-def build_mla_model(out: Path, vocab_size: int) -> None:
-    """A tiny DeepSeek-V3 (plain MLA): 4 dense layers, latent 64 + rope 32."""
-    import torch
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
-
-    torch.manual_seed(0)
-    layers = 4
-    config = DeepseekV3Config(
+def deepseek_config(config_class, layers: int, vocab_size: int, **extra):
+    """A tiny DeepSeek config: every layer dense, latent 64 + rope 32."""
+    return config_class(
         vocab_size=vocab_size,
         hidden_size=128,
         intermediate_size=256,
@@ -140,9 +135,40 @@ def build_mla_model(out: Path, vocab_size: int) -> None:
         pad_token_id=2,
         torch_dtype="bfloat16",
         tie_word_embeddings=False,
+        **extra,
     )
+
+
+def build_mla_model(out: Path, vocab_size: int) -> None:
+    """A tiny DeepSeek-V3 (plain MLA): 4 dense layers."""
+    import torch
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    torch.manual_seed(0)
+    config = deepseek_config(DeepseekV3Config, 4, vocab_size)
     config.architectures = ["DeepseekV3ForCausalLM"]
     model = DeepseekV3ForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(out, safe_serialization=True)
+
+
+def build_dsa_model(out: Path, vocab_size: int) -> None:
+    """A tiny DeepSeek-V3.2 (MLA + DSA indexer): 4 dense layers, 4 indexer
+    heads of 128; ``index_topk`` 2048 is above every prompt the tests send,
+    so DSA selects every token (dense attention, which CPU torch computes)."""
+    import torch
+    from transformers import DeepseekV32Config, DeepseekV32ForCausalLM
+
+    torch.manual_seed(0)
+    config = deepseek_config(
+        DeepseekV32Config,
+        4,
+        vocab_size,
+        index_n_heads=4,
+        index_head_dim=128,
+        index_topk=2048,
+    )
+    config.architectures = ["DeepseekV32ForCausalLM"]
+    model = DeepseekV32ForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(out, safe_serialization=True)
 
 
@@ -150,6 +176,7 @@ def build_mla_model(out: Path, vocab_size: int) -> None:
 MODELS = {
     "tiny-llama": (build_model, VERSION),
     "tiny-mla": (build_mla_model, "tiny-mla-v1"),
+    "tiny-dsa": (build_dsa_model, "tiny-dsa-v1"),
 }
 
 
@@ -182,6 +209,6 @@ def ensure(target: Path = DEFAULT_DIR, name: str = "tiny-llama") -> Path:
 
 
 if __name__ == "__main__":
-    # python scripts/tiny_model.py [NAME]   (tiny-llama, tiny-mla)
+    # python scripts/tiny_model.py [NAME]   (tiny-llama, tiny-mla, tiny-dsa)
     name = sys.argv[1] if len(sys.argv) > 1 else "tiny-llama"
     print(ensure(model_dir(name), name))

@@ -1,9 +1,12 @@
 """A real ``sglang`` server on CPU for the live tests (one at a time).
 
 ``LiveServer("patched" | "upstream", extra_args)`` starts ``sglang serve`` of
-the tiny local model through upstream's ``popen_launch_server`` on 127.0.0.1
-with the CPU environment of ``scripts/cpu_server.py`` (the same one
-``make serve-cpu`` uses).  ``upstream`` puts the pristine unpacked 0.5.23 wheel
+the tiny local model on 127.0.0.1 with the command line of upstream's
+``popen_launch_server`` (``sglang serve --model-path M ARGS --host H --port
+P``) and the CPU environment of ``scripts/cpu_server.py`` (the same one
+``make serve-cpu`` uses), and waits for ``/health_generate`` as that helper
+does, polling every half second instead of every 10 s (and with no second,
+online launch after a failed one: the models are local).  ``upstream`` puts the pristine unpacked 0.5.23 wheel
 first on ``PYTHONPATH``, so the same venv serves unpatched upstream.  The
 server's stdout/stderr go to files that are printed when a start fails or a
 test using it fails; ``stop()`` stops it by PID with its whole process tree.
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -55,8 +59,6 @@ class LiveServer:
         name: str = "server",
         model: str = "tiny-llama",
     ):
-        from sglang.test.test_utils import popen_launch_server
-
         self.tree = tree
         self.extra_args = list(extra_args or [])
         self.port = free_port()
@@ -81,26 +83,39 @@ class LiveServer:
                 p for p in (tree_path, child_env.get("PYTHONPATH")) if p
             )
         child_env.update(env or {})
-        # popen_launch_server adds --model-path/--host/--port itself.
-        other = cpu_server.cpu_args(self.extra_args)
-        self.proc = None
+        command = ["sglang", "serve", "--model-path", str(model_path(model))]
+        command += cpu_server.cpu_args(self.extra_args)
+        command += ["--host", cpu_server.HOST, "--port", str(self.port)]
+        child_env.setdefault("SGLANG_WAIT_PORT_TIMEOUT", "120")
         self._out = open(self.stdout_path, "w")
         self._err = open(self.stderr_path, "w")
+        self.proc = subprocess.Popen(
+            command, stdout=self._out, stderr=self._err, env=child_env
+        )
         try:
-            self.proc = popen_launch_server(
-                str(model_path(model)),
-                self.base_url,
-                timeout=START_TIMEOUT_S.get(dp, 600.0),
-                other_args=other,
-                env=child_env,
-                return_stdout_stderr=(self._out, self._err),
-                device="cpu",
-            )
+            self._wait_healthy(START_TIMEOUT_S.get(dp, 600.0))
         except Exception as exc:
-            self._close_logs()
+            self.stop()
             raise RuntimeError(
                 f"{tree} server failed to start: {exc}\n{self.log_tail()}"
             ) from exc
+
+    def _wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with requests.Session() as session:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(
+                        f"server exited with code {self.proc.returncode}"
+                    )
+                try:
+                    r = session.get(f"{self.base_url}/health_generate", timeout=5)
+                    if r.status_code == 200:
+                        return
+                except requests.RequestException:
+                    pass
+                time.sleep(0.5)
+        raise RuntimeError(f"server not healthy within {timeout:.0f} s")
 
     # -- requests ---------------------------------------------------------
     def generate(self, payload: dict, timeout: float = REQUEST_TIMEOUT_S) -> dict:

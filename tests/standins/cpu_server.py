@@ -10,7 +10,8 @@ scheduler and detokenizer processes get it too.  Elsewhere it does nothing.
   others), and sgl-kernel's CPU build is not on PyPI.  When no real
   ``sgl_kernel`` can be found, a lazy module provides any name (and any
   submodule); calling one raises ``NotImplementedError`` naming it, so a path
-  that would need a real kernel fails loudly instead of computing nothing.
+  that would need a real kernel fails loudly instead of computing nothing, and
+  an ``if sgl_kernel.X:`` probe finds it false (not available).
   With no AMX ops registered the CPU engine takes its plain torch paths, which
   is all a tiny model needs.
 * HiCache: the host pools pin their buffers with ``cudaHostRegister`` ("Torch
@@ -21,6 +22,9 @@ scheduler and detokenizer processes get it too.  Elsewhere it does nothing.
 * DeepSeek MLA on ``torch_native`` (a tiny DeepSeek-V3 on CPU): the handler
   registry has no ``torch_native`` entry; the stand-in registers one that
   takes the absorbed-MLA path (``_torch_native_mla_handler`` says why).
+* DeepSeek-V3.2 (DSA) on CPU: the SM query of the DSA server-args hook, the
+  indexer's missing torch path, its Hadamard and its triton index-K store
+  (``standins.dsa`` says what each one computes and where it raises).
 * PD transfer (mooncake): a prefill sender that ``supports_host_tensor_indices``
   stages page indices in pinned host memory behind a ``torch.cuda.Event``
   (``prefill.py`` ``_send_kv_chunk``); on CPU neither exists.  The stand-in sets
@@ -45,7 +49,12 @@ _POOL_MODULES = {
     "sglang.srt.mem_cache.pool_host.dsa": "kvcacheio",
     "sglang.srt.disaggregation.mooncake.conn": "mooncake",
     "sglang.srt.models.deepseek_common.attention_backend_handler": "mla_handler",
+    "sglang.srt.arg_groups.model_hook": "dsa_capability",
+    "sglang.srt.layers.attention.dsa.dsa_indexer": "dsa_indexer",
+    "sglang.kernels.ops.kvcache.dsa_index_k_cache": "dsa_index_k_store",
+    "sglang.srt.layers.attention.torch_native_backend": "load_record",
 }
+RECORD_ENV = "SGLANG_TEST_LOAD_RECORD_DIR"  # harness.load_record
 _KVCACHEIO_NAMES = (
     "transfer_kv_all_layer_direct_lf_pf",
     "transfer_kv_per_layer_direct_pf_lf",
@@ -68,6 +77,9 @@ class KernelStandIn:
         if attr.startswith("__"):
             raise AttributeError(attr)
         return KernelStandIn(f"{self._name}.{attr}")
+
+    def __bool__(self) -> bool:
+        return False  # an ``if sgl_kernel.X:`` probe: no such kernel here
 
     def __repr__(self) -> str:
         return f"<sgl_kernel stand-in {self._name}>"
@@ -113,11 +125,16 @@ class _PatchAfterExec(importlib.abc.Loader):
             module.AttentionBackendRegistry.register(
                 "torch_native", _torch_native_mla_handler(module)
             )
+        elif self._kind.startswith("dsa_"):
+            _bind_dsa(module, self._kind)
+        elif self._kind == "load_record":
+            _bind_load_record(module)
         else:
             from standins import kvcacheio
 
             for name in _KVCACHEIO_NAMES:
                 setattr(module, name, getattr(kvcacheio, name))
+            _bind_load_record(module)
 
 
 def _torch_native_mla_handler(module):
@@ -133,6 +150,44 @@ def _torch_native_mla_handler(module):
         return module._dispatch_mla_subtype(attn, forward_batch)
 
     return handle_attention_torch_native
+
+
+def _bind_dsa(module, kind: str) -> None:
+    """The DeepSeek-V3.2 stand-ins of ``standins.dsa`` (its docstring says
+    which 0.5.23 gap each one bridges)."""
+    from standins import dsa
+
+    if kind == "dsa_capability":
+        module.handle_model_specific_adjustments = dsa.device_capability_while(
+            module.handle_model_specific_adjustments
+        )
+    elif kind == "dsa_indexer":
+        module.rotate_activation = dsa.rotate_activation
+        module.Indexer.forward_native = dsa.indexer_forward_native
+    else:
+        module.SetKAndS.triton = classmethod(dsa.set_k_and_s)
+
+
+def _bind_load_record(module) -> None:
+    """With ``SGLANG_TEST_LOAD_RECORD_DIR`` set (live rank-shard tests only):
+    ``harness.load_record``'s record of the prefix rows attention reads, and
+    its corrupted-host-page negative controls."""
+    directory = os.environ.get(RECORD_ENV)
+    if not directory:
+        return
+    from harness import load_record
+
+    if module.__name__ == "sglang.srt.layers.attention.torch_native_backend":
+        backend = module.TorchNativeAttnBackend
+        backend.forward_extend = load_record.recording_forward_extend(
+            backend.forward_extend, directory
+        )
+        return
+    trigger = load_record.TRIGGERS.get(module.__name__)
+    if trigger:
+        module.transfer_kv_per_layer_direct_pf_lf = load_record.corrupting_h2d(
+            module.transfer_kv_per_layer_direct_pf_lf, directory, trigger
+        )
 
 
 class CpuServerFinder(importlib.abc.MetaPathFinder):

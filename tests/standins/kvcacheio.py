@@ -39,6 +39,17 @@ def stop_trace() -> list[dict]:
     return trace
 
 
+def _paired_pages(src_indices, dst_indices, page_size):
+    """Both index lists as pages; sgl-kernel's ops ``TORCH_CHECK`` that the two
+    hold the same number of indices, so a mismatch raises here too."""
+    if src_indices.numel() != dst_indices.numel():
+        raise ValueError(
+            f"stand-in kvcacheio: {src_indices.numel()} source and "
+            f"{dst_indices.numel()} destination indices (the kernel requires equal counts)"
+        )
+    return _pages(src_indices, page_size), _pages(dst_indices, page_size)
+
+
 def _pages(indices: torch.Tensor, page_size: int) -> list[int]:
     idx = indices.detach().to("cpu", torch.int64)
     if idx.numel() % page_size:
@@ -51,8 +62,7 @@ def _pages(indices: torch.Tensor, page_size: int) -> list[int]:
 def transfer_kv_all_layer_direct_lf_pf(
     src_ptrs, dst_ptrs, src_indices, dst_indices, page_size
 ):
-    src_pages = _pages(src_indices, page_size)
-    dst_pages = _pages(dst_indices, page_size)
+    src_pages, dst_pages = _paired_pages(src_indices, dst_indices, page_size)
     layers = len(src_ptrs) // len(dst_ptrs)
     nbytes = 0
     for s, d in zip(src_pages, dst_pages):
@@ -79,8 +89,7 @@ def transfer_kv_all_layer_direct_lf_pf(
 def transfer_kv_per_layer_direct_pf_lf(
     src_ptrs, dst_ptrs, src_indices, dst_indices, layer_id, page_size
 ):
-    src_pages = _pages(src_indices, page_size)
-    dst_pages = _pages(dst_indices, page_size)
+    src_pages, dst_pages = _paired_pages(src_indices, dst_indices, page_size)
     nbytes = 0
     for s, d in zip(src_pages, dst_pages):
         for src, dst in zip(src_ptrs, dst_ptrs):

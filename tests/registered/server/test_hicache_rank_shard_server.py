@@ -1,38 +1,59 @@
-"""The rank-sharded host tier on a running server: a tiny DeepSeek-V3 (plain
-MLA, ``scripts/tiny_model.py`` ``tiny-mla``) at ``--tp 2`` on CPU (gloo), with
-HiCache and a 1024-token device pool, sharded (``SGLANG_ENABLE_HICACHE_RANK_SHARD=1``,
-``..._VERIFY_EVERY=1``: every load-back checks that both ranks load the same
-host pages) against the same server with the switch unset.
+"""The rank-sharded host tier on a running server, for both model families it
+covers: a tiny DeepSeek-V3 (plain MLA, ``tiny-mla``, page size 1) and a tiny
+DeepSeek-V3.2 (MLA + DSA indexer, ``tiny-dsa``, page size 64), each at
+``--tp 2`` on CPU (gloo) with HiCache and a 1024-token device pool, sharded
+(``SGLANG_ENABLE_HICACHE_RANK_SHARD=1``, ``..._VERIFY_EVERY=1``: every load-back
+checks that both ranks load the same host pages) against the same server with
+the switch unset. The two servers of a model run side by side.
 
-Workloads (greedy): ``eviction`` (ten 200-token prompts, then three of them
-again: their prefixes come back from the host tier), the same prompts from 4
-concurrent clients (loads and forwards interleave under the forward gate), and
-``capacity`` (30 prompts, ~6000 tokens: more than the replicated host tier
-holds, less than the sharded one, then the first ten again).
+Workloads (greedy, 400-token prompts): ``eviction`` (four prompts, more than
+the device pool holds, then the first two again: their prefixes come back from
+the host tier), the same shape from 4 concurrent clients (loads and forwards
+interleave under the forward gate), ``capacity`` (8 prompts, ~3200 tokens:
+more than the replicated host tier holds, less than the sharded one, then the
+first three again) and ``negative`` (a prompt pushed out of the device pool and
+revisited; on the sharded server rank 0 zeroes one host page of that
+load-back first).
 
-Checks: identical output ids per request, identical ``cached_tokens`` and
-``cached_tokens_details`` on the sequential workload; host hits present; every
-rank logs the layers it owns; host capacity from the geometry (sharded 2x the
-replicated tier at the same ``--hicache-ratio``); the capacity workload gets
-more host hits on the sharded server with the same outputs; both servers stop
-on SIGTERM leaving no process. The DSA variant needs CPU stand-ins of the DSA
-indexer and its index-K store, which this suite does not have yet.
+Each server records the prefix rows every extend's attention reads, per rank
+(``harness.load_record``: KV rows, and for DSA the index-K pages, which dense
+attention never reads, so equal outputs cannot prove them).
+
+Checks: identical output ids per request; identical ``cached_tokens``,
+``cached_tokens_details`` and recorded rows (KV and index K, both ranks) on the
+sequential workload; host hits present; every rank logs the layers it owns;
+host capacity from the geometry (sharded 2x the replicated tier at the same
+``--hicache-ratio``); the capacity workload gets more host hits on the sharded
+server with the same outputs; the zeroed owner page shows in the record of
+layer 0 on both ranks (rank 1 received it in the owner's broadcast) and
+nowhere else; both servers stop on SIGTERM leaving no process.
+
+The DSA model's ``index_topk`` (2048) is above every prompt, so DSA selects
+every token: a sparse selection would need a torch reference of the DSA
+attention backend (``torch_native`` has no ``topk_indices`` path, the DSA
+kernels are CUDA), which this suite does not have; the record proves the
+index-K tier instead.
 """
 
 import concurrent.futures
 import random
 import re
+import tempfile
+import time
 import unittest
+from pathlib import Path
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
+from harness import load_record
 from harness.live_server import HICACHE_ARGS, LiveServer, assert_all_gone, greedy
 
-register_cpu_ci(est_time=300, suite="base-b-test-cpu")
+register_cpu_ci(est_time=420, suite="base-b-test-cpu")
 FEATURE_GROUP = "hicache-rank-shard"  # the series group it tests (or "series")
 PROJECT_ONLY = "runs this project's CPU server (stand-ins, local tiny model)"
 
-TP, DEVICE_TOKENS, RATIO, LAYERS = 2, 1024, 4, 4  # tiny-mla has 4 layers
+TP, DEVICE_TOKENS, RATIO, LAYERS = 2, 1024, 2, 4  # both tiny models: 4 layers
+PAGE = {"tiny-mla": 1, "tiny-dsa": 64}  # DSA forces page size 64
 ARGS = ["--tp", str(TP), "--max-total-tokens", str(DEVICE_TOKENS)]
 ARGS += HICACHE_ARGS + ["--hicache-ratio", str(RATIO)]
 SHARDED = {
@@ -40,20 +61,24 @@ SHARDED = {
     "SGLANG_HICACHE_RANK_SHARD_VERIFY_EVERY": "1",
 }
 REPLICATED = {"SGLANG_ENABLE_HICACHE_RANK_SHARD": "0"}
+TRIGGER = {"tiny-mla": "corrupt-kv", "tiny-dsa": "corrupt-index-k"}
+FIELD = {"tiny-mla": "kv", "tiny-dsa": "index_k"}
 WORDS = (
     "cache prefix token rank host device page layer tree radix decode prefill "
     "router batch request server model kernel stream copy shard budget queue"
 ).split()
+PROMPT_WORDS = 400  # one token per word with the tiny tokenizer
+NEW_TOKENS = 4
 
 
-def prompts(seed, n, revisit, words=200):
+def prompts(seed, n, revisit):
     rng = random.Random(seed)
-    first = [" ".join(rng.choice(WORDS) for _ in range(words)) for _ in range(n)]
+    first = [" ".join(rng.choice(WORDS) for _ in range(PROMPT_WORDS)) for _ in range(n)]
     return first + [p + " shard" for p in first[:revisit]]
 
 
 def one(server, text):
-    r = server.generate({"text": text, "sampling_params": greedy(8)})
+    r = server.generate({"text": text, "sampling_params": greedy(NEW_TOKENS)})
     meta = r["meta_info"]
     return dict(
         output_ids=r["output_ids"],
@@ -63,84 +88,171 @@ def one(server, text):
     )
 
 
-def workload(server):
-    out = dict(eviction=[one(server, t) for t in prompts(23, 10, 3)])
-    texts = prompts(41, 8, 4)
+def workload(server, model, record_dir, corrupt):
+    def mark():
+        return [len(r) for r in load_record.read(record_dir, TP)]
+
+    out = dict(eviction=[one(server, t) for t in prompts(23, 4, 2)])
+    marks = [mark()]
+    texts = prompts(41, 4, 2)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         out["concurrent"] = list(pool.map(lambda t: one(server, t), texts))
-    out["capacity"] = [one(server, t) for t in prompts(57, 30, 10)]
+    out["capacity"] = [one(server, t) for t in prompts(57, 8, 3)]
+    # a prompt, then two more (1200 tokens: it leaves the device pool), then
+    # it again: its prefix is loaded back from the host tier
+    texts = prompts(71, 3, 1)
+    out["negative"] = [one(server, t) for t in texts[:-1]]
+    marks.append(mark())
+    if corrupt:
+        (Path(record_dir) / TRIGGER[model]).touch()
+    out["negative"].append(one(server, texts[-1]))
+    out["trigger_left"] = (Path(record_dir) / TRIGGER[model]).exists()
+    records = load_record.read(record_dir, TP)
+    out["record_eviction"] = [r[: marks[0][i]] for i, r in enumerate(records)]
+    out["record_negative"] = [r[marks[1][i] :] for i, r in enumerate(records)]
+    log = server.log_text()
     out["host_pool_tokens"] = [
         int(n)
         for n in re.findall(
-            r"Allocating kv hierarchical KV host pool: (\d+) tokens", server.log_text()
+            r"Allocating kv hierarchical KV host pool: (\d+) tokens", log
         )
     ]
     out["owners"] = re.findall(
-        r"HiCache rank shard: rank (\d)/2 owns KV layers (\[[\d, ]*\])",
-        server.log_text(),
+        r"HiCache rank shard: rank (\d)/2 owns KV layers (\[[\d, ]*\])"
+        r"(?: and indexer layers (\[[\d, ]*\]))?",
+        log,
     )
-    out["errors"] = server.log_text().count("HiCache rank shard verify")
+    out["errors"] = log.count("HiCache rank shard verify")
     return out
 
 
-class TestRankShardServer(unittest.TestCase):
+def serve(model, name, env):
+    record_dir = tempfile.mkdtemp(prefix=f"load-record-{model}-{name}-")
+    env = dict(env, **{load_record.ENV: record_dir})
+    t0 = time.monotonic()
+    server = LiveServer("patched", ARGS, env=env, name=f"{model}-{name}", model=model)
+    t1 = time.monotonic()
+    try:
+        out = workload(server, model, record_dir, corrupt=name == "sharded")
+    except Exception as exc:
+        raise RuntimeError(f"{model} {name}: {exc}\n{server.log_tail()}") from exc
+    finally:
+        t2 = time.monotonic()
+        assert_all_gone(server.stop())
+    out["seconds"] = dict(start=t1 - t0, workload=t2 - t1, stop=time.monotonic() - t2)
+    return out
+
+
+def run_pair(model):
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        sharded = pool.submit(serve, model, "sharded", SHARDED)
+        replicated = pool.submit(serve, model, "replicated", REPLICATED)
+        return dict(sharded=sharded.result(), replicated=replicated.result())
+
+
+class RankShardServerChecks:
+    MODEL = ""
     runs: dict = {}
 
     @classmethod
     def setUpClass(cls):
-        for name, env in (("sharded", SHARDED), ("replicated", REPLICATED)):
-            server = LiveServer("patched", ARGS, env=env, name=name, model="tiny-mla")
-            try:
-                cls.runs[name] = workload(server)
-            except Exception as exc:
-                raise RuntimeError(f"{name}: {exc}\n{server.log_tail()}") from exc
-            finally:
-                pids = server.stop()
-            assert_all_gone(pids)
+        cls.runs = run_pair(cls.MODEL)
+
+    def aligned(self, tokens):
+        return tokens // PAGE[self.MODEL] * PAGE[self.MODEL]
 
     def test_every_rank_owns_its_layers(self):
         owners = sorted(self.runs["sharded"]["owners"])
-        self.assertEqual(owners, [("0", "[0, 2]"), ("1", "[1, 3]")])
+        indexer = {"tiny-mla": "", "tiny-dsa": "[0, 2]"}[self.MODEL]
+        other = {"tiny-mla": "", "tiny-dsa": "[1, 3]"}[self.MODEL]
+        self.assertEqual(owners, [("0", "[0, 2]", indexer), ("1", "[1, 3]", other)])
         self.assertEqual(self.runs["replicated"]["owners"], [])
         self.assertEqual(self.runs["sharded"]["errors"], 0)
 
     def test_host_capacity_from_the_geometry(self):
-        # ratio x device tokens, plus one padding page (page size 1); sharded:
-        # the same host bytes hold LAYERS / ceil(LAYERS / TP) times the tokens.
-        replicated = DEVICE_TOKENS * RATIO + 1
-        sharded = DEVICE_TOKENS * RATIO * LAYERS // -(-LAYERS // TP) + 1
+        # ratio x device tokens, plus one padding page; sharded: the same host
+        # bytes hold LAYERS / ceil(LAYERS / TP) times the tokens.
+        page = PAGE[self.MODEL]
+        replicated = DEVICE_TOKENS * RATIO + page
+        sharded = DEVICE_TOKENS * RATIO * LAYERS // -(-LAYERS // TP) + page
         self.assertEqual(self.runs["replicated"]["host_pool_tokens"], [replicated] * TP)
         self.assertEqual(self.runs["sharded"]["host_pool_tokens"], [sharded] * TP)
 
-    def test_same_outputs_and_cache_hits_as_replicated(self):
+    def test_same_outputs_cache_hits_and_rows_as_replicated(self):
         ours, theirs = self.runs["sharded"], self.runs["replicated"]
         self.assertEqual(ours["eviction"], theirs["eviction"])
-        revisits = ours["eviction"][-3:]
-        for r in revisits:  # the whole 200-token prefix from the host tier
-            self.assertGreaterEqual(r["details"].get("host", 0), r["prompt"] - 8, r)
+        for r in ours["eviction"][-2:]:  # the whole prefix from the host tier
+            self.assertGreaterEqual(
+                r["details"].get("host", 0), self.aligned(PROMPT_WORDS) - 8, r
+            )
         for kind in ("concurrent", "capacity"):
             self.assertEqual(
                 [r["output_ids"] for r in ours[kind]],
                 [r["output_ids"] for r in theirs[kind]],
                 kind,
             )
+        # the rows attention read for every cached prefix, on both ranks
+        self.assertEqual(ours["record_eviction"], theirs["record_eviction"])
+        for rank in ours["record_eviction"]:
+            loaded = [e for e in rank if e["prefix"] >= self.aligned(PROMPT_WORDS)]
+            self.assertEqual(len(loaded), 2 * LAYERS, rank)  # 2 revisits x layers
+            if self.MODEL == "tiny-dsa":
+                self.assertTrue(all("index_k" in e for e in rank))
 
     def test_capacity_gain_shown_live(self):
         def host(run):
-            return sum(r["details"].get("host", 0) for r in run["capacity"][-10:])
+            return sum(r["details"].get("host", 0) for r in run["capacity"][-3:])
 
         def computed(run):
-            return sum(r["prompt"] - r["cached"] for r in run["capacity"][-10:])
+            return sum(r["prompt"] - r["cached"] for r in run["capacity"][-3:])
 
         ours, theirs = self.runs["sharded"], self.runs["replicated"]
+        print(f"{self.MODEL} seconds: {ours['seconds']} / {theirs['seconds']}")
         print(
-            f"capacity workload revisits: host tokens sharded {host(ours)}, "
-            f"replicated {host(theirs)}; prefilled {computed(ours)} vs {computed(theirs)}"
+            f"{self.MODEL} capacity workload revisits: host tokens sharded "
+            f"{host(ours)}, replicated {host(theirs)}; prefilled "
+            f"{computed(ours)} vs {computed(theirs)}"
         )
-        # ~6000 tokens revisited from the first ten: the replicated 4097-token
-        # tier has lost the oldest, the sharded 8193-token tier holds them all.
-        self.assertGreater(host(ours), host(theirs) + 1000)
-        self.assertLess(computed(ours), computed(theirs))
+        # 3200 revisitable tokens: the sharded 4096-token tier holds the first
+        # three prompts (a few leading tokens may still be on the device), so
+        # it prefills only each revisit's unaligned tail; the replicated
+        # 2048-token tier holds at most five of the eight, and has lost at
+        # least one of the first three.
+        full = self.aligned(PROMPT_WORDS)
+        self.assertGreaterEqual(host(ours), 3 * full - 3 * 8)
+        self.assertLessEqual(computed(ours), 3 * (PROMPT_WORDS + 1 - full))
+        self.assertLessEqual(host(theirs), host(ours) - full)
+        self.assertGreaterEqual(computed(theirs), computed(ours) + full)
+
+    def test_zeroed_owner_page_shows_in_the_record(self):
+        # Negative control of the record check: rank 0 zeroed one host page
+        # of layer 0 (its own) before the load-back; both ranks read it, rank
+        # 1 through the owner's broadcast, and nothing else differs.
+        ours, theirs = self.runs["sharded"], self.runs["replicated"]
+        self.assertFalse(ours["trigger_left"], "the corrupted load-back never ran")
+        host = ours["negative"][-1]["details"].get("host", 0)
+        self.assertGreaterEqual(host, self.aligned(PROMPT_WORDS) - 8)
+        differing = set()
+        for rank, (a, b) in enumerate(
+            zip(ours["record_negative"], theirs["record_negative"])
+        ):
+            self.assertEqual(len(a), len(b))
+            self.assertEqual(len(a), LAYERS)  # one revisit, every layer
+            for x, y in zip(a, b):
+                for field in x:
+                    if x[field] != y[field]:
+                        differing.add((rank, x["layer"], field))
+        self.assertEqual(
+            differing, {(0, 0, FIELD[self.MODEL]), (1, 0, FIELD[self.MODEL])}
+        )
+
+
+class TestRankShardServerMLA(RankShardServerChecks, unittest.TestCase):
+    MODEL = "tiny-mla"
+
+
+class TestRankShardServerDSA(RankShardServerChecks, unittest.TestCase):
+    MODEL = "tiny-dsa"
 
 
 if __name__ == "__main__":

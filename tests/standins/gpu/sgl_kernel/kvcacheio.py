@@ -28,7 +28,7 @@ import os
 
 import torch
 from sgl_kernel import _missing
-from sgl_kernel.page_runs import page_starts, plan
+from sgl_kernel.page_runs import equal_count, page_starts, plan
 
 try:
     import cupy
@@ -123,7 +123,7 @@ def h2d_entries(src, dst, src_indices, dst_indices, layer_id, page_size):
     """Per page: (dst address, src address, bytes) of the H2D op."""
     s = page_starts(src_indices, page_size) // page_size
     d = page_starts(dst_indices, page_size)
-    n = min(s.numel(), d.numel())
+    n = equal_count(s, d)
     item = dst.element_size()
     width = dst[0].numel() * item * page_size
     src_base = src.data_ptr() + layer_id * src.stride(1) * src.element_size()
@@ -136,7 +136,7 @@ def d2h_entries(src_layers, dst, src_indices, dst_indices, page_size):
     """Per page and layer: (dst address, src address, bytes) of the D2H op."""
     s = page_starts(src_indices, page_size)
     d = page_starts(dst_indices, page_size) // page_size
-    n = min(s.numel(), d.numel())
+    n = equal_count(s, d)
     item = dst.element_size()
     dsts, srcs = [], []
     for j, layer in enumerate(src_layers):

@@ -45,14 +45,24 @@ def page_starts(indices: torch.Tensor, page_size: int) -> torch.Tensor:
     return idx[::page_size].to("cpu", torch.int64)
 
 
+def equal_count(src: torch.Tensor, dst: torch.Tensor) -> int:
+    """sgl-kernel's copy ops ``TORCH_CHECK`` equal source and destination index
+    counts; the stand-in raises where the kernel would."""
+    if src.numel() != dst.numel():
+        raise ValueError(
+            f"stand-in kvcacheio: {src.numel()} source and {dst.numel()} "
+            "destination pages (the kernel requires equal counts)"
+        )
+    return src.numel()
+
+
 def find_runs(src: torch.Tensor, dst: torch.Tensor, src_step: int, dst_step: int):
     """``(src_start, dst_start, pages)`` for each maximal run of page pairs that
     advance by ``src_step`` and ``dst_step`` together, in page order (the
     greedy grouping of ``zip(src, dst)``)."""
-    n = min(src.numel(), dst.numel())
+    n = equal_count(src, dst)
     if n == 0:
         return ()
-    src, dst = src[:n], dst[:n]
     brk = torch.ones(n, dtype=torch.bool)
     if n > 1:
         brk[1:] = (src[1:] - src[:-1] != src_step) | (dst[1:] - dst[:-1] != dst_step)

@@ -1,0 +1,113 @@
+"""A record of the prefix rows every extend's attention reads, per TP rank.
+
+Test-only instrumentation (not a stand-in: it computes nothing the server
+uses).  In a CPU-server process started with ``SGLANG_TEST_LOAD_RECORD_DIR``
+set, ``standins.cpu_server`` wraps ``TorchNativeAttnBackend.forward_extend``:
+for each request of the batch with a cached prefix it appends one JSON line
+to ``DIR/rank<R>.jsonl`` with the layer, the prefix length and the SHA-256 of
+the prefix's device rows, read through the pool's own accessors (which wait
+for the layer's load-back, as the real read does):
+
+* ``kv``: the KV (latent) rows of the prefix's token slots;
+* ``index_k``: for a DSA pool, the index-K pages of those slots (keys and
+  scales), which dense attention never reads, so equal outputs cannot prove
+  them.
+
+A prefix that came back from the host tier is thus recorded as the forward
+sees it after the load-back (and, rank-sharded, after the owner's broadcast).
+Two servers given the same sequential requests must write the same lines.
+
+The negative controls: while ``DIR/corrupt-index-k`` (or ``DIR/corrupt-kv``)
+exists, TP rank 0 zeroes the first host page of its next index-K (or KV)
+load-back before the copy, and removes the file (``corrupting_h2d``
+wraps the host pool's copy op).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+ENV = "SGLANG_TEST_LOAD_RECORD_DIR"
+# host pool module -> the trigger file its load-backs look for
+TRIGGERS = {
+    "sglang.srt.mem_cache.pool_host.dsa": "corrupt-index-k",
+    "sglang.srt.mem_cache.pool_host.mla": "corrupt-kv",
+}
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _sha(t) -> str:
+    import torch
+
+    t = t.detach().contiguous().cpu()
+    return hashlib.sha256(t.view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
+
+
+def record_prefix_rows(backend, layer_id: int, forward_batch, directory: str) -> None:
+    prefix_lens = forward_batch.extend_prefix_lens_cpu or []
+    if not any(prefix_lens):
+        return
+    pool = backend.token_to_kv_pool
+    kv = pool.get_key_buffer(layer_id)
+    index_k = None
+    if getattr(pool, "get_index_k_with_scale_buffer", None) is not None:
+        try:
+            index_k = pool.get_index_k_with_scale_buffer(layer_id)
+        except (AssertionError, AttributeError, NotImplementedError):
+            index_k = None  # a plain MLA pool behind the DSA accessor
+    req_to_token = backend.req_to_token_pool.req_to_token
+    lines = []
+    for i, n in enumerate(prefix_lens):
+        if not n:
+            continue
+        req = int(forward_batch.req_pool_indices[i])
+        slots = req_to_token[req, :n].long()
+        entry = {"layer": layer_id, "prefix": int(n), "kv": _sha(kv[slots])}
+        if index_k is not None:
+            page = index_k.shape[1] // (128 + 4)
+            pages = slots[::page] // page
+            entry["index_k"] = _sha(index_k[pages])
+        lines.append(json.dumps(entry))
+    path = Path(directory) / f"rank{_rank()}.jsonl"
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for line in lines))
+
+
+def recording_forward_extend(forward_extend, directory: str):
+    def wrapped(self, q, k, v, layer, forward_batch, *args, **kwargs):
+        record_prefix_rows(self, layer.layer_id, forward_batch, directory)
+        return forward_extend(self, q, k, v, layer, forward_batch, *args, **kwargs)
+
+    return wrapped
+
+
+def corrupting_h2d(h2d, directory: str, trigger_name: str):
+    """A host pool's ``transfer_kv_per_layer_direct_pf_lf`` that first zeroes
+    one host page when the negative control asks for it."""
+
+    def wrapped(src_ptrs, dst_ptrs, src_indices, dst_indices, layer_id, page_size):
+        trigger = Path(directory) / trigger_name
+        if _rank() == 0 and trigger.exists() and src_indices.numel():
+            page = int(src_indices[0]) // page_size
+            src_ptrs[0][page][layer_id].zero_()
+            trigger.unlink()
+        return h2d(src_ptrs, dst_ptrs, src_indices, dst_indices, layer_id, page_size)
+
+    return wrapped
+
+
+def read(directory: str | os.PathLike, ranks: int) -> list[list[dict]]:
+    out = []
+    for r in range(ranks):
+        path = Path(directory) / f"rank{r}.jsonl"
+        text = path.read_text(encoding="utf-8") if path.exists() else ""
+        out.append([json.loads(line) for line in text.splitlines() if line])
+    return out
