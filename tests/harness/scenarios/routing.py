@@ -419,7 +419,12 @@ def cache_aware_cases(rank, world_size):
     dispatch incremented."""
     # Crafted digests alone decide here (pending_cases covers pending).
     dp, page, chunk, max_extra = CRAFTED
-    handle, sender, router = _crafted_controller(max_age=3.0, pending_ttl=0.0)
+    max_age = 3.0
+    handle, sender, router = _crafted_controller(max_age=max_age, pending_ttl=0.0)
+    # The router's clock, advanced past the max age for the stale case
+    # instead of sleeping through it.
+    clock = router.clock = FakeClock()
+    router._load_seen_at = [clock()] * dp
     out = {}
     n = [0]
 
@@ -587,7 +592,7 @@ def cache_aware_cases(rank, world_size):
         sender.send(2, gpu=[a], epoch=3, seq=1)
         sender.settle()
         run("fresh_again", a + suffix)
-        time.sleep(3.2)
+        clock.now += max_age + 0.2
         run(
             "stale",
             a + suffix,

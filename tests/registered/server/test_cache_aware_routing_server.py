@@ -68,7 +68,9 @@ def namespace_probe(server) -> dict:
         how = [k for k in after if after[k] != before.get(k, 0)]
         meta = r["meta_info"]
         out[f"{step}:{key}"] = (how, meta["dp_rank"], meta["cached_tokens"])
-        time.sleep(1.0)  # the chosen rank's digest shows the prompt
+        # The chosen rank's digest shows the prompt: nothing outside the
+        # server observes a digest, so wait 10 publish intervals (0.1 s each).
+        time.sleep(1.0)
     return out
 
 
@@ -104,6 +106,7 @@ def stall_probe(server) -> dict:
     prompts must land on rank 0; after SIGCONT they go to rank 1 again."""
     stop = threading.Event()
     errors = []
+    served = [0] * BUSY_CLIENTS
 
     def busy(i):
         prompt = conversations(1, seed=500 + i, first=60)[0]
@@ -116,6 +119,7 @@ def stall_probe(server) -> dict:
                         "sampling_params": greedy(24),
                     }
                 )
+                served[i] += 1
             except Exception as exc:  # noqa: BLE001 (reported by the test)
                 errors.append(repr(exc))
                 return
@@ -133,7 +137,10 @@ def stall_probe(server) -> dict:
     pid = scheduler_pid(server, 1)
     out = {}
     try:
-        time.sleep(1.0)  # the busy requests are running on rank 0
+        # every busy client has been served once: they cycle on rank 0
+        deadline = time.monotonic() + 120
+        while min(served) == 0 and not errors and time.monotonic() < deadline:
+            time.sleep(0.1)
         before = outcomes(server)
         os.kill(pid, signal.SIGSTOP)
         try:

@@ -33,11 +33,6 @@ class TestLoadLayerFlagOff(unittest.TestCase):
             for seed in (1, 2)
         }
 
-    def test_patched_engine_has_load_layer(self):
-        from sglang.srt.mem_cache.l2_transfer import L2TransferEngine
-
-        self.assertTrue(callable(getattr(L2TransferEngine, "_load_layer", None)))
-
     def test_trace_and_contents_identical_to_upstream(self):
         for seed, upstream in self.upstream.items():
             patched = run_scenario("patched", SCENARIO, 1, seed=seed, steps=40)
