@@ -17,6 +17,9 @@ A prefix that came back from the host tier is thus recorded as the forward
 sees it after the load-back (and, rank-sharded, after the owner's broadcast).
 Two servers given the same sequential requests must write the same lines.
 
+``recording_h2d`` also logs every host->device copy of the host pools (the
+live benchmark's bytes per rank per load).
+
 The negative controls: while ``DIR/corrupt-index-k`` (or ``DIR/corrupt-kv``)
 exists, TP rank 0 zeroes the first host page of its next index-K (or KV)
 load-back before the copy, and removes the file (``corrupting_h2d``
@@ -104,10 +107,32 @@ def corrupting_h2d(h2d, directory: str, trigger_name: str):
     return wrapped
 
 
-def read(directory: str | os.PathLike, ranks: int) -> list[list[dict]]:
+def recording_h2d(h2d, directory: str, pool: str):
+    """A host pool's ``transfer_kv_per_layer_direct_pf_lf`` that appends what it
+    copies host->device (pool, layer, pages, bytes) to ``DIR/h2d-rank<R>.jsonl``
+    (the live benchmark's bytes per rank per load)."""
+
+    def wrapped(src_ptrs, dst_ptrs, src_indices, dst_indices, layer_id, page_size):
+        out = h2d(src_ptrs, dst_ptrs, src_indices, dst_indices, layer_id, page_size)
+        pages = src_indices.numel() // page_size
+        nbytes = pages * sum(src[0][0].numel() * src.element_size() for src in src_ptrs)
+        entry = dict(pool=pool, layer=int(layer_id), pages=pages, bytes=nbytes)
+        path = Path(directory) / f"h2d-rank{_rank()}.jsonl"
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(entry) + "\n")
+        return out
+
+    return wrapped
+
+
+def read(
+    directory: str | os.PathLike, ranks: int, prefix: str = "rank"
+) -> list[list[dict]]:
+    """Each rank's lines (``prefix`` ``rank``: the prefix rows; ``h2d-rank``:
+    the host->device copies)."""
     out = []
     for r in range(ranks):
-        path = Path(directory) / f"rank{r}.jsonl"
+        path = Path(directory) / f"{prefix}{r}.jsonl"
         text = path.read_text(encoding="utf-8") if path.exists() else ""
         out.append([json.loads(line) for line in text.splitlines() if line])
     return out

@@ -183,11 +183,15 @@ def _bind_load_record(module) -> None:
             backend.forward_extend, directory
         )
         return
+    h2d = load_record.recording_h2d(
+        module.transfer_kv_per_layer_direct_pf_lf,
+        directory,
+        module.__name__.rpartition(".")[2],
+    )
     trigger = load_record.TRIGGERS.get(module.__name__)
     if trigger:
-        module.transfer_kv_per_layer_direct_pf_lf = load_record.corrupting_h2d(
-            module.transfer_kv_per_layer_direct_pf_lf, directory, trigger
-        )
+        h2d = load_record.corrupting_h2d(h2d, directory, trigger)
+    module.transfer_kv_per_layer_direct_pf_lf = h2d
 
 
 class CpuServerFinder(importlib.abc.MetaPathFinder):

@@ -199,7 +199,12 @@ class TestAdmissionPlanning(_OnTreeCore):
         self.assertNotEqual(r0["digest"], r1["digest"])
         # ... and with the checker on, the ranks are stopped.
         kw = dict(fixes=True, seed=5, diverge_rank=1, **PRESSURE)
-        with self.assertRaisesRegex(RuntimeError, "failed ranks"):
+        # Stopped by the checker, not by any rank failure: either its report,
+        # or its own collective on its dedicated group, which aborts in gloo
+        # when the ranks' event counts differ (seen: "20 vs 16 ... collective
+        # mismatch"); the same scenario without the checker runs (above).
+        stopped = r"Found rank divergence|distributed collective mismatch"
+        with self.assertRaisesRegex(RuntimeError, stopped):
             self.scenario(
                 SIM,
                 2,
@@ -239,7 +244,8 @@ class TestTwoPhaseL3Prefetch(_OnTreeCore):
         self.assertEqual(r["l3"], 0)
         self.assertEqual(r["promised"], r["l1"] + r["l2"])
         self.assertEqual(r["status"], "ready")
-        self.assertIn(r["restored_bytes_equal"], (True, None))
+        # rows that reached host memory are restored byte for byte; none: no restore
+        self.assertEqual(r["restored_bytes_equal"], True if r["l2"] else None)
 
     def test_two_phase_under_the_timeout_policy_promises_only_host_rows(self):
         # timeout: the prefetch settles when it completes or its deadline
@@ -249,7 +255,8 @@ class TestTwoPhaseL3Prefetch(_OnTreeCore):
         self.assertEqual(r["l3"], 0)
         self.assertEqual(r["promised"], r["l1"] + r["l2"])
         self.assertEqual(r["status"], "ready")
-        self.assertIn(r["restored_bytes_equal"], (True, None))
+        # rows that reached host memory are restored byte for byte; none: no restore
+        self.assertEqual(r["restored_bytes_equal"], True if r["l2"] else None)
         self.assertEqual(r["host_lock_refs"], 0)
 
     def test_two_phase_agrees_on_two_ranks(self):
