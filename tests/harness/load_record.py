@@ -60,12 +60,11 @@ def record_prefix_rows(backend, layer_id: int, forward_batch, directory: str) ->
         return
     pool = backend.token_to_kv_pool
     kv = pool.get_key_buffer(layer_id)
-    index_k = None
-    if getattr(pool, "get_index_k_with_scale_buffer", None) is not None:
-        try:
-            index_k = pool.get_index_k_with_scale_buffer(layer_id)
-        except (AssertionError, AttributeError, NotImplementedError):
-            index_k = None  # a plain MLA pool behind the DSA accessor
+    index_k = None  # a plain MLA pool has no index-K buffer
+    if hasattr(pool, "get_index_k_with_scale_buffer") and getattr(
+        pool, "use_dsa", True
+    ):
+        index_k = pool.get_index_k_with_scale_buffer(layer_id)
     req_to_token = backend.req_to_token_pool.req_to_token
     lines = []
     for i, n in enumerate(prefix_lens):
