@@ -13,6 +13,15 @@ by one, every prefix must import: after each patch the modules touched so far
 are imported, which also proves that ``import sglang`` resolves to the layout,
 not to an installed sglang. A test that declares ``LANDS_WITH = "NNNN"``
 also runs on the prefix ending at that patch, before the whole PR.
+
+First, before any patch, every test runs on the pristine release and must
+fail there: a PR test that passes without its patches proves nothing about
+them. A test that passes on pristine on purpose (a flag-off comparison with
+upstream) declares why: ``PASSES_ON_PRISTINE = "<reason>"``, and must pass.
+
+The pristine runs and the import checks are forked from a warm interpreter
+(``warm_python``) that has the third-party packages imported already; the
+test runs on the PR are fresh ``python3`` processes.
 """
 
 from __future__ import annotations
@@ -33,8 +42,10 @@ from pr_tests import (  # noqa: E402
     cpu_registration,
     feature_tests,
     lands_with,
+    passes_on_pristine,
     upstream_test_path,
 )
+from warm_python import THIRD_PARTY, WarmPython  # noqa: E402
 
 # A test's time limit: its registered estimate times this, at least the floor
 # (the estimate is for upstream's CI machines; ours may be slower and busy).
@@ -88,29 +99,29 @@ def touched_modules(patches: list[Path]) -> list[str]:
     return modules
 
 
-def import_check(layout: Path, env: dict, modules: list[str], name: str) -> None:
+def import_check(
+    warm: WarmPython, layout: Path, env: dict, modules: list[str], name: str
+) -> None:
     """Every prefix of the PR builds: after each patch, the modules it and the
-    patches before it touch are imported in a fresh interpreter, which first
-    proves that ``import sglang`` resolves to the layout."""
-    proc = subprocess.run(
-        [sys.executable, "-c", _IMPORT_ALL, *modules],
-        cwd=layout,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=IMPORT_TIMEOUT_S,
+    patches before it touch are imported in an interpreter that has imported
+    no sglang yet (forked from ``warm``, which holds only third-party
+    packages), which first proves that ``import sglang`` resolves to the
+    layout."""
+    log = layout / "import-check.log"
+    code = warm.run(
+        ["-c", *modules], layout, env, log, IMPORT_TIMEOUT_S, code=_IMPORT_ALL
     )
+    output = log.read_text()
     expected = layout / "python" / "sglang" / "__init__.py"
-    where = proc.stdout.strip().splitlines()[:1]
+    where = output.strip().splitlines()[:1]
     if where != [str(expected)]:
         raise ToolError(
-            f"import sglang does not resolve to {expected}: "
-            f"{proc.stdout.strip() or proc.stderr.strip()[-2000:]}"
+            f"import sglang does not resolve to {expected}: {output.strip()[-2000:]}"
         )
-    if proc.returncode != 0:
+    if code != 0:
         raise ToolError(
             f"the PR up to {name} does not import ({', '.join(modules)}):\n"
-            + proc.stderr[-3000:]
+            + output[-3000:]
         )
     print(f"imports after {name}: {len(modules)} module(s)", flush=True)
 
@@ -119,6 +130,9 @@ _IMPORT_ALL = (
     "import importlib, sys\nimport sglang\nprint(sglang.__file__, flush=True)\n"
     "for m in sys.argv[1:]:\n    importlib.import_module(m)"
 )
+# The pristine runs' warm interpreter also holds pristine sglang itself (the
+# layout is not patched while it runs).
+PRISTINE_PRELOAD = THIRD_PARTY + ("sglang", "sglang.test.ci.ci_register")
 IMPORT_TIMEOUT_S = 600
 
 
@@ -139,17 +153,27 @@ def pr_check(feature: str) -> list[tuple[str, str, float, str]]:
         layout / upstream_test_path(src): lands_with(src, entries)
         for src in feature_tests(feature)
     }
-    rows = []
+    on_pristine = {
+        layout / upstream_test_path(src): passes_on_pristine(src)
+        for src in feature_tests(feature)
+    }
+    with WarmPython(PRISTINE_PRELOAD, sglang_path=layout / "python") as warm:
+        rows = [
+            _run_pristine(warm, layout, path, env, on_pristine.get(path))
+            for path in tests
+        ]
 
-    def after_each(name: str, applied: list[Path]) -> None:
-        import_check(layout, env, touched_modules(applied), name)
-        if name != entries[-1]:  # the whole PR runs every test below
-            prefix = Path(name).name[:4]
-            for path in tests:
-                if landing.get(path) == name:
-                    rows.append(_run_test(layout, path, env, f" (up to {prefix})"))
+    with WarmPython() as warm:
 
-    apply_each(out, entries, layout, after_each)
+        def after_each(name: str, applied: list[Path]) -> None:
+            import_check(warm, layout, env, touched_modules(applied), name)
+            if name != entries[-1]:  # the whole PR runs every test below
+                prefix = Path(name).name[:4]
+                for path in tests:
+                    if landing.get(path) == name:
+                        rows.append(_run_test(layout, path, env, f" (up to {prefix})"))
+
+        apply_each(out, entries, layout, after_each)
     for path in tests:
         rows.append(_run_test(layout, path, env))
     return rows
@@ -165,6 +189,43 @@ def _run_test(layout: Path, path: Path, env: dict, where: str = ""):
     row = (rel, reg.get("suite", "?"), time.monotonic() - start, result)
     print(f"{result:>14}  {row[2]:6.1f} s  {row[1]}  {rel}", flush=True)
     if result != "pass":
+        print(log.read_text()[-4000:], file=sys.stderr)
+    return row
+
+
+def _run_pristine(
+    warm: WarmPython, layout: Path, path: Path, env: dict, reason: str | None
+):
+    """The test on the pristine release (no patch applied yet), forked from
+    ``warm`` as ``python3 <test>`` in its folder: it must fail, or pass when
+    it declares why it passes without the PR."""
+    rel = str(path.relative_to(layout)) + " (pristine 0.5.23)"
+    reg = cpu_registration(path)
+    limit = max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR * float(reg.get("est_time", 60)))
+    log = path.with_suffix(".pristine.log")
+    start = time.monotonic()
+    code = warm.run([path.name], path.parent, env, log, limit)
+    outcome = "pass" if code == 0 else f"FAIL ({code})"
+    if code is None:  # a hang is no failure of the test's own
+        outcome = f"FAIL (over {limit:.0f} s)"
+    passed = code == 0
+    if reason is None:
+        result = "fails as required" if not passed else "FAIL (passes without the PR)"
+    else:
+        result = (
+            f"passes: {reason}" if passed else f"FAIL (declared to pass: {outcome})"
+        )
+    ok = code is not None and passed == (reason is not None)
+    if code is None:
+        result = outcome
+    row = (
+        rel,
+        reg.get("suite", "?"),
+        time.monotonic() - start,
+        "pass" if ok else result,
+    )
+    print(f"{result}  {row[2]:6.1f} s  {row[1]}  {rel}", flush=True)
+    if not ok:
         print(log.read_text()[-4000:], file=sys.stderr)
     return row
 

@@ -7,7 +7,10 @@ A registered test declares, at module level:
     compares against unpatched upstream, or runs on this project's harness);
   * ``LANDS_WITH = "NNNN"`` (optional): the patch of its group from which on it
     passes (default: the group's last); ``make pr-check`` also runs it on the
-    PR's prefix ending there.
+    PR's prefix ending there;
+  * ``PASSES_ON_PRISTINE = "<why>"`` (optional): it passes on the pristine
+    release too (a flag-off comparison); ``make pr-check`` otherwise requires
+    every PR test to fail there, without its patches.
 Every other test of a group goes into that group's PR and must run upstream:
 it imports sglang, the standard library and third-party packages, and of the
 project's ``tests/harness`` and ``tests/standins`` only modules that declare
@@ -30,7 +33,9 @@ SERIES_WIDE = "series"
 # The CPU suites of upstream's test/run_suite.py (register_cpu_ci(suite=...)).
 UPSTREAM_CPU_SUITES = ("base-a-test-cpu", "base-b-test-cpu", "base-c-test-cpu")
 _PROJECT_PACKAGES = ("harness", "standins")
-_BOOKKEEPING = re.compile(r"(?m)^(FEATURE_GROUP|PROJECT_ONLY|LANDS_WITH) = .*\n")
+_BOOKKEEPING = re.compile(
+    r"(?m)^(FEATURE_GROUP|PROJECT_ONLY|LANDS_WITH|PASSES_ON_PRISTINE) = .*\n"
+)
 
 
 def module_constants(path: Path, name: str) -> list:
@@ -50,6 +55,13 @@ def declared_groups(path: Path) -> list[str]:
 
 def project_only(path: Path) -> str | None:
     reasons = module_constants(path, "PROJECT_ONLY")
+    return reasons[0] if reasons else None
+
+
+def passes_on_pristine(path: Path) -> str | None:
+    """Why the test passes on the pristine release (``PASSES_ON_PRISTINE``), or
+    None: it must fail there."""
+    reasons = module_constants(path, "PASSES_ON_PRISTINE")
     return reasons[0] if reasons else None
 
 

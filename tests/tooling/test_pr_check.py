@@ -5,7 +5,9 @@ carried under python/sglang/test/); a test that needs an unmapped project
 module, or a suite upstream does not run, is refused."""
 
 import ast
+import concurrent.futures
 import re
+import shutil
 import sys
 
 import pytest
@@ -15,6 +17,7 @@ from .conftest import ROOT, run_script
 sys.path.insert(0, str(ROOT / "scripts"))
 import pr_check  # noqa: E402
 import pr_tests  # noqa: E402
+import warm_python  # noqa: E402
 from common import ToolError, read_series  # noqa: E402
 
 sys.path.remove(str(ROOT / "scripts"))
@@ -32,18 +35,53 @@ def _project_imports(path):
     return [n for n in names if n.split(".")[0] in ("harness", "standins")]
 
 
+# Groups checked at once: most of a check is one interpreter importing
+# sglang or one test process, so two share the CI machine's two cores.
+CONCURRENT_CHECKS = 2
+
+
+@pytest.fixture(scope="module")
+def pr_check_runs(tmp_path_factory, upstream_wheel):
+    """``pr_check.py <group>`` of every group in one sandbox (each group
+    writes only build/pr/<group> and build/pr-check/<group>), two at a time,
+    the longest first."""
+    tmp = tmp_path_factory.mktemp("pr-check")
+    shutil.copytree(ROOT / "patches", tmp / "patches")
+    env = {
+        "SGL_BUILD_DIR": str(tmp / "build"),
+        "SGL_PATCHES_DIR": str(tmp / "patches"),
+        "SGL_DIST_DIR": str(tmp / "dist"),
+        "SGL_CACHE_DIR": str(upstream_wheel.parent),
+        "SGL_UPSTREAM_DIR": str(ROOT / "build" / "upstream"),
+    }
+    longest_first = sorted(GROUPS, key=lambda g: -len(pr_tests.feature_tests(g)))
+    with concurrent.futures.ThreadPoolExecutor(CONCURRENT_CHECKS) as pool:
+        futures = {
+            g: pool.submit(run_script, "pr_check.py", g, env=env) for g in longest_first
+        }
+        return tmp, {g: f.result() for g, f in futures.items()}
+
+
 @pytest.mark.parametrize("group", GROUPS)
-def test_pr_tests_pass_upstream_style_on_the_pr_alone(sandbox, group):
-    tmp, env = sandbox
-    proc = run_script("pr_check.py", group, env=env)
+def test_pr_tests_pass_upstream_style_on_the_pr_alone(pr_check_runs, group):
+    tmp, runs = pr_check_runs
+    proc = runs[group]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     entries = [n for n in read_series() if n.startswith(group + "/")]
     tests = pr_tests.feature_tests(group)
     early = [t for t in tests if pr_tests.lands_with(t, entries) != entries[-1]]
     if group == "hicache-rank-shard":  # the config lands with 0002
         assert [t.name for t in early] == ["test_hicache_rank_shard_config.py"]
-    expected = len(tests) + len(early)
+    expected = 2 * len(tests) + len(early)  # pristine, early prefixes, whole PR
     assert f"{expected} of {expected} PR test runs pass" in proc.stdout
+    # each test ran on pristine 0.5.23 first: failing there, or passing for
+    # the reason it declares
+    pristine = [l for l in proc.stdout.splitlines() if l.endswith("(pristine 0.5.23)")]
+    assert len(pristine) == len(tests), pristine
+    for test in tests:
+        line = next(l for l in pristine if f"/{test.name} (" in l)
+        reason = pr_tests.passes_on_pristine(test)
+        assert line.startswith(f"passes: {reason}" if reason else "fails as required")
     # every prefix of the PR imported, in series order; a test that lands
     # early ran on its prefix, right after that prefix's import check
     lines = [l for l in proc.stdout.splitlines() if "imports after" in l or "pass" in l]
@@ -131,15 +169,19 @@ def test_a_suite_upstream_does_not_run_is_refused(tmp_path, monkeypatch):
         pr_tests.extract("fake")
 
 
-def test_a_prefix_that_does_not_import_is_refused_naming_its_patch(tmp_path):
+def test_a_prefix_that_does_not_import_is_refused_naming_its_patch(
+    tmp_path, cold_python
+):
     pkg = tmp_path / "python" / "sglang"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "half.py").write_text("from sglang.missing_part import thing\n")
     env = pr_check._env(tmp_path)
-    pr_check.import_check(tmp_path, env, [], "x/0001-ok.patch")
+    pr_check.import_check(cold_python, tmp_path, env, [], "x/0001-ok.patch")
     with pytest.raises(ToolError, match=r"up to x/0002-half.patch does not import"):
-        pr_check.import_check(tmp_path, env, ["sglang.half"], "x/0002-half.patch")
+        pr_check.import_check(
+            cold_python, tmp_path, env, ["sglang.half"], "x/0002-half.patch"
+        )
     patch = tmp_path / "p.patch"
     patch.write_text(
         "+++ b/python/sglang/half.py\n+++ b/python/sglang/pkg/__init__.py\n"
@@ -163,3 +205,34 @@ def test_lands_with_names_a_patch_of_the_group(tmp_path, monkeypatch):
         "LANDS_WITH"
         not in pr_tests.extract("fake").files["test/registered/unit/test_fake.py"]
     )
+
+
+@pytest.fixture(scope="module")
+def cold_python():
+    with warm_python.WarmPython(preload=()) as warm:
+        yield warm
+
+
+@pytest.mark.parametrize(
+    "exit_code, reason, ok",
+    [
+        (1, None, True),  # fails without the PR: required
+        (0, None, False),  # passes without its patches: proves nothing
+        (0, "flag-off comparison", True),
+        (1, "flag-off comparison", False),  # declared to pass, fails
+    ],
+)
+def test_pristine_run_requires_failure_unless_declared(
+    tmp_path, cold_python, exit_code, reason, ok
+):
+    test = tmp_path / "test" / "test_x.py"
+    test.parent.mkdir()
+    test.write_text(
+        "def register_cpu_ci(**kwargs):\n    pass\n\n\n"
+        'register_cpu_ci(est_time=5, suite="base-a-test-cpu")\n'
+        f"raise SystemExit({exit_code})\n"
+    )
+    env = pr_check._env(tmp_path)
+    row = pr_check._run_pristine(cold_python, tmp_path, test, env, reason)
+    assert row[0] == "test/test_x.py (pristine 0.5.23)"
+    assert (row[3] == "pass") is ok, row

@@ -1,0 +1,89 @@
+"""scripts/warm_python.py: a job forked from the warm interpreter runs as
+``python3 <script>`` would in the job's folder: its argv, environment and
+path, its exit status, multiprocessing children started from its folder, and
+a job past its time limit killed with its session."""
+
+import os
+import sys
+import time
+
+import pytest
+
+from .conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import warm_python  # noqa: E402
+
+sys.path.remove(str(ROOT / "scripts"))
+
+SCRIPT = """
+import multiprocessing as mp, os, sys
+
+
+def where(q):
+    q.put(os.getcwd())
+
+
+if __name__ == "__main__":
+    print("argv", sys.argv, "path0", sys.path[0], "env", os.environ.get("JOB_VAR"))
+    for method in ("spawn", "forkserver"):
+        ctx = mp.get_context(method)
+        q = ctx.Queue()
+        p = ctx.Process(target=where, args=(q,))
+        p.start()
+        p.join(120)
+        print(method, p.exitcode, q.get(timeout=10))
+    raise SystemExit(int(sys.argv[1]))
+"""
+
+
+@pytest.fixture(scope="module")
+def warm():
+    # multiprocessing imported in the server, from another directory than
+    # the jobs' (its ORIGINAL_DIR is the server's)
+    with warm_python.WarmPython(preload=("multiprocessing",)) as server:
+        yield server
+
+
+def test_job_runs_as_its_script_in_its_folder(warm, tmp_path):
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "t.py").write_text(SCRIPT)
+    log = tmp_path / "log"
+    env = {**os.environ, "JOB_VAR": "set"}
+    assert warm.run(["t.py", "3"], job, env, log, timeout=300) == 3
+    text = log.read_text()
+    assert f"argv ['t.py', '3'] path0 {job} env set" in text
+    assert f"spawn 0 {job}" in text, text
+    assert f"forkserver 0 {job}" in text, text
+
+
+def test_job_past_its_limit_is_killed_with_its_children(warm, tmp_path):
+    (tmp_path / "s.py").write_text(
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    log = tmp_path / "log"
+    start = time.monotonic()
+    assert warm.run(["s.py"], tmp_path, dict(os.environ), log, timeout=3) is None
+    assert time.monotonic() - start < 30
+    pid = int(log.read_text().split()[0])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the job's child {pid} outlived the job")
+
+
+def test_code_job_and_a_third_party_preload_that_imports_no_sglang(tmp_path):
+    with warm_python.WarmPython(preload=("json",)) as server:
+        log = tmp_path / "log"
+        code = "import sys\nprint('sglang' in sys.modules, sys.argv[1:])"
+        assert server.run(["-c", "x"], tmp_path, dict(os.environ), log, 30, code) == 0
+        assert log.read_text().strip() == "False ['x']"
