@@ -99,6 +99,47 @@ def host_span_restore(
     return out
 
 
+def short_host_span(
+    rank: int,
+    world_size: int,
+    *,
+    host_tokens: int,
+    page_size: int = 4,
+    tree_core: str = "python",
+) -> dict:
+    """A request whose prefix match is ``host_tokens`` tokens held only in
+    host memory (its device copy evicted), nothing on the device: what the
+    decode worker promises prefill, and how the restore ends. The tree loads
+    back no host span shorter than its ``load_back_threshold``."""
+    from harness.stacks.decode import random_tokens
+
+    stack = _stack(
+        rank, world_size, False, size=1024, page_size=page_size, tree_core=tree_core
+    )
+    rng = random.Random(11)
+    gen = torch.Generator().manual_seed(11)
+    prefix = random_tokens(rng, host_tokens)
+    cached = stack.cache_prefix(prefix, gen)
+    evicted_device = stack.evict_device(host_tokens)
+    dr = stack.make_request("r0", prefix + random_tokens(rng, 4 * page_size))
+    stack.prealloc.queue.append(dr)
+    admitted, _ = stack.admit()
+    out = dict(
+        threshold=stack.cache.load_back_threshold,
+        evicted_device=evicted_device,
+        admitted=[d.req.rid for d in admitted],
+        promised=dr.kv_receiver.metadata["decode_prefix_len"],
+    )
+    for _ in range(20):
+        stack.restore_tick()
+        if dr.hicache_restore_status.value != "pending":
+            break
+    out["status"] = dr.hicache_restore_status.value
+    _finish_or_abort(stack, dr, cached, out)
+    out["after"] = stack.snapshot()
+    return out
+
+
 def _finish_or_abort(stack, dr, cached, out) -> None:
     """Check the restored rows against the cached ones (prefix order), then
     release the request as a finished one, or abort it on a failed restore."""
