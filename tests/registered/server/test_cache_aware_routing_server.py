@@ -76,6 +76,11 @@ def namespace_probe(server) -> dict:
 
 STALL_WARNING = "DP rank 1 sent no prefix digest"
 BUSY_CLIENTS = 6  # requests kept running on DP rank 0 during the stall
+# Each busy client asks for a different length, so their requests finish on
+# different decode steps: rank 0's queue never reads empty between them (equal
+# lengths finish together, and a load snapshot taken then shows rank 0 idle,
+# which lets the fallback pick it without any stall; seen as 5 of 6).
+BUSY_NEW_TOKENS = tuple(16 + 6 * i for i in range(BUSY_CLIENTS))
 
 
 def scheduler_pid(server, dp_rank: int) -> int:
@@ -116,7 +121,7 @@ def stall_probe(server) -> dict:
                     {
                         "input_ids": prompt,
                         "routed_dp_rank": 0,
-                        "sampling_params": greedy(24),
+                        "sampling_params": greedy(BUSY_NEW_TOKENS[i]),
                     }
                 )
                 served[i] += 1

@@ -1,4 +1,4 @@
-"""PD disaggregation on CPU: a prefill server and a decode server with the
+"""PD disaggregation on CPU: a prefill server and decode servers with the
 seed's decode-HiCache interface, KV moved by mooncake over TCP.
 
 0.5.23 ships five transfer backends; on a CPU machine only ``mooncake_tcp``
@@ -12,15 +12,30 @@ prefixes, which records a ``torch.cuda.Event``
 
 Requests are sent the way sglang's mini load balancer sends them: the same body
 with ``bootstrap_host/port/room`` to both servers at once, the answer taken
-from the decode server.  The decode worker runs DP=2 with
-``--disaggregation-decode-enable-radix-cache --disaggregation-decode-enable-hicache
---disaggregation-decode-hicache-ratio 2.0``: it auto-selects cache_aware
-routing, and a repeated prompt is served from the decode worker's own cache on
-the rank that holds it.
+from the decode server.  The prefill server runs with ``--disable-radix-cache``:
+every hit a request reports is the decode worker's own.  Three DP=2 decode
+workers with a 640-token device pool and a host tier twice that serve the same
+workload from the one prefill server:
+
+* ``seed``: ``--disaggregation-decode-enable-radix-cache
+  --disaggregation-decode-enable-hicache --disaggregation-decode-hicache-ratio
+  2.0``; it auto-selects cache_aware routing;
+* ``round_robin``: the same with ``--load-balance-method round_robin``;
+* ``generic``: upstream's generic spelling (``--enable-hierarchical-cache
+  --hicache-ratio 2.0 --disaggregation-decode-enable-radix-cache``), which
+  keeps round_robin.
+
+Workload: prompts A and B (one per rank), eight fillers (A and B leave their
+ranks' device pools for the host tier: three 208-token requests fill a pool),
+then B and A again.  Round-robin sends request i to rank i % 2, so the
+revisits (requests 10 and 11) go to the ranks that do not hold them; the seed
+worker must send each to its holder, which restores it from its host tier
+(``load_back_tokens_total``: 0.5.23's decode reports restored tokens as
+device hits in ``cached_tokens_details``).  The two controls must miss there.
 """
 
 import random
-import time
+import re
 import unittest
 from concurrent.futures import ThreadPoolExecutor
 
@@ -38,41 +53,113 @@ PD_ENV = {
     "SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX": "false",
 }
 TRANSFER = ["--disaggregation-transfer-backend", "mooncake_tcp"]
-DECODE_ARGS = [
+DECODE_POOL = 640  # tokens per decode rank
+PROMPT_WORDS = 200  # one token per word with the tiny tokenizer
+NEW_TOKENS = 8  # a finished request keeps 208 tokens: 3 fill a device pool
+FILLERS = 8  # about 4 per rank after A or B: both leave the device, not the host
+HICACHE_IO = ["--hicache-io-backend", "direct", "--hicache-mem-layout"]
+HICACHE_IO += ["page_first_direct"]
+DECODE_BASE = [
     "--disaggregation-mode",
     "decode",
     *TRANSFER,
     "--dp-size",
     "2",
+    "--max-total-tokens",
+    str(DECODE_POOL),
+    # A request is admitted once its prompt plus this many decode tokens fit
+    # (default 512: with a 640-token pool no 200-token prompt ever would).
+    "--num-reserved-decode-tokens",
+    "16",
+    "--enable-metrics",
+    *HICACHE_IO,
+]
+SEED_FLAGS = [
+    # 64-token digest chunks: a 200-token prompt spans three (the default
+    # 256 would leave every prompt here invisible to the router)
+    "--dp-routing-digest-chunk-size",
+    "64",
     "--disaggregation-decode-enable-radix-cache",
     "--disaggregation-decode-enable-hicache",
     "--disaggregation-decode-hicache-ratio",
     "2.0",
-    "--hicache-io-backend",
-    "direct",
-    "--hicache-mem-layout",
-    "page_first_direct",
 ]
+# name: (tree, decode arguments); "generic" is pristine 0.5.23 with upstream's
+# spelling of decode HiCache
+DECODES = {
+    "seed": ("patched", DECODE_BASE + SEED_FLAGS),
+    "round_robin": (
+        "patched",
+        DECODE_BASE + SEED_FLAGS + ["--load-balance-method", "round_robin"],
+    ),
+    "generic": (
+        "upstream",
+        DECODE_BASE
+        + ["--enable-hierarchical-cache", "--hicache-ratio", "2.0"]
+        + ["--disaggregation-decode-enable-radix-cache"],
+    ),
+}
 WORDS = "cache prefix token rank host device page layer tree radix decode".split()
 
 
 def pd_generate(prefill, decode, bootstrap_port, text):
     body = {
         "text": text,
-        "sampling_params": greedy(8),
+        "sampling_params": greedy(NEW_TOKENS),
         "bootstrap_host": "127.0.0.1",
         "bootstrap_port": bootstrap_port,
         "bootstrap_room": random.randint(0, 2**62),
     }
-    start = time.perf_counter()
     with ThreadPoolExecutor(2) as pool:
         p = pool.submit(prefill.post_raw, "/generate", body)
         d = pool.submit(decode.post_raw, "/generate", body)
         p_resp, d_resp = p.result(), d.result()
-    elapsed = time.perf_counter() - start
+    if d_resp.status_code != 200:
+        return {"error": (d_resp.status_code, d_resp.text[:300])}
     assert p_resp.status_code == 200, p_resp.text[:500]
-    assert d_resp.status_code == 200, d_resp.text[:500]
-    return d_resp.json(), elapsed
+    return d_resp.json()
+
+
+def loaded_back_tokens(server) -> float:
+    """Tokens the decode worker restored from its host tier (all ranks)."""
+    text = server.get("/metrics").text
+    return sum(
+        float(v)
+        for v in re.findall(
+            r"^sglang:load_back_tokens_total\{[^}]*\} (\S+)$", text, re.M
+        )
+    )
+
+
+def workload() -> list[tuple[str, str]]:
+    rng = random.Random(3)
+
+    def prompt():
+        return " ".join(rng.choice(WORDS) for _ in range(PROMPT_WORDS))
+
+    a, b = prompt(), prompt()
+    order = [("A", a), ("B", b)] + [(f"f{i}", prompt()) for i in range(FILLERS)]
+    return order + [("B again", b), ("A again", a)]
+
+
+def run_workload(prefill, decode, bootstrap_port) -> dict:
+    runs = {}
+    for name, text in workload():
+        before = loaded_back_tokens(decode)
+        r = pd_generate(prefill, decode, bootstrap_port, text)
+        if "error" in r:
+            runs[name] = dict(error=r["error"], rank=None, cached=None)
+            continue
+        meta = r["meta_info"]
+        runs[name] = dict(
+            rank=meta.get("dp_rank"),
+            cached=meta["cached_tokens"],
+            prompt=meta["prompt_tokens"],
+            details=meta.get("cached_tokens_details"),
+            output_ids=r["output_ids"],
+            loaded_back=loaded_back_tokens(decode) - before,
+        )
+    return runs
 
 
 class TestPdDecodeHiCacheServer(unittest.TestCase):
@@ -80,51 +167,90 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        rng = random.Random(3)
-        prompts = [" ".join(rng.choice(WORDS) for _ in range(120)) for _ in range(2)]
         bootstrap_port = free_port()
         prefill_args = ["--disaggregation-mode", "prefill", *TRANSFER]
         prefill_args += ["--disaggregation-bootstrap-port", str(bootstrap_port)]
+        prefill_args += ["--disable-radix-cache"]
         prefill = LiveServer("patched", prefill_args, env=PD_ENV, name="prefill")
-        decode = None
-        pids = []
+        decodes, pids = {}, []
+
+        def start(name):
+            tree, args = DECODES[name]
+            decodes[name] = LiveServer(tree, args, env=PD_ENV, name=f"decode-{name}")
+
         try:
-            decode = LiveServer("patched", DECODE_ARGS, env=PD_ENV, name="decode")
-            cls.results["server_info"] = decode.get("/server_info").json()
-            runs = []
-            for text in (prompts[0], prompts[1], prompts[0], prompts[1]):
-                runs.append(pd_generate(prefill, decode, bootstrap_port, text))
-            cls.results["runs"] = runs
+            with ThreadPoolExecutor(len(DECODES)) as pool:
+                for f in [pool.submit(start, n) for n in DECODES]:
+                    f.result()
+            for name, decode in decodes.items():
+                cls.results[name] = dict(
+                    info=decode.get("/server_info").json(),
+                    runs=run_workload(prefill, decode, bootstrap_port),
+                )
         except Exception as exc:
-            logs = prefill.log_tail(4000) + (decode.log_tail(6000) if decode else "")
+            logs = prefill.log_tail(3000)
+            logs += "".join(d.log_tail(4000) for d in decodes.values())
             raise RuntimeError(f"{exc}\n{logs}") from exc
         finally:
-            for server in (decode, prefill):
-                if server is not None:
-                    pids += server.stop()
+            for server in (*decodes.values(), prefill):
+                pids += server.stop()
         assert_all_gone(pids)
 
-    def test_decode_dp_auto_selects_cache_aware(self):
-        info = self.results["server_info"]
-        self.assertEqual(info.get("dp_size"), 2)
-        self.assertEqual(info.get("load_balance_method"), "cache_aware")
-        self.assertTrue(info.get("enable_hierarchical_cache"))
-        self.assertFalse(info.get("disable_radix_cache"))
+    def test_seed_flags_select_cache_aware_and_the_generic_ones_do_not(self):
+        expected = {
+            "seed": "cache_aware",
+            "round_robin": "round_robin",
+            "generic": "round_robin",  # 0.5.23 has no cache_aware
+        }
+        for name, method in expected.items():
+            info = self.results[name]["info"]
+            self.assertEqual(info.get("dp_size"), 2, name)
+            self.assertEqual(info.get("load_balance_method"), method, name)
+            self.assertTrue(info.get("enable_hierarchical_cache"), name)
+            self.assertFalse(info.get("disable_radix_cache"), name)
 
-    def test_repeated_prefix_served_from_decode_cache(self):
-        runs = self.results["runs"]
-        for i, (r, elapsed) in enumerate(runs):
-            meta = r["meta_info"]
+    def _print(self, name):
+        for key, run in self.results[name]["runs"].items():
+            if "error" in run:
+                print(f"{name} {key}: error {run['error']}")
+                continue
             print(
-                f"request {i}: cached {meta['cached_tokens']}/{meta['prompt_tokens']}"
-                f" rank {meta.get('dp_rank')} {elapsed:.2f} s"
+                f"{name} {key}: rank {run['rank']} cached {run['cached']}/"
+                f"{run['prompt']} {run['details']} loaded back {run['loaded_back']}"
             )
-        for first, again in ((runs[0][0], runs[2][0]), (runs[1][0], runs[3][0])):
-            self.assertEqual(first["meta_info"]["cached_tokens"], 0)
-            meta = again["meta_info"]
-            self.assertGreaterEqual(meta["cached_tokens"], meta["prompt_tokens"] - 1)
-            self.assertEqual(meta["dp_rank"], first["meta_info"]["dp_rank"])
-            self.assertEqual(again["output_ids"], first["output_ids"])
+
+    def test_revisits_routed_to_their_holder_and_restored_from_host(self):
+        self._print("seed")
+        runs = self.results["seed"]["runs"]
+        order = [name for name, _ in workload()]
+        self.assertEqual(runs["A"]["cached"], 0)  # no prefill-side cache
+        self.assertEqual(runs["B"]["cached"], 0)
+        self.assertNotEqual(runs["A"]["rank"], runs["B"]["rank"])
+        for key in ("A", "B"):
+            again = runs[f"{key} again"]
+            # round_robin would send the revisit to the other rank
+            self.assertNotEqual(order.index(f"{key} again") % 2, order.index(key) % 2)
+            self.assertEqual(again["rank"], runs[key]["rank"], key)
+            # the whole prompt but its last token, restored from the host tier
+            self.assertGreaterEqual(again["cached"], again["prompt"] - 1, key)
+            self.assertGreaterEqual(again["loaded_back"], again["prompt"] - 1, key)
+            self.assertEqual(again["output_ids"], runs[key]["output_ids"], key)
+
+    def test_controls_miss_the_revisits_where_round_robin_routes_them(self):
+        seed = self.results["seed"]["runs"]
+        for name in ("round_robin", "generic"):
+            self._print(name)
+            runs = self.results[name]["runs"]
+            order = [key for key, _ in workload()]
+            for i, key in enumerate(order):
+                self.assertEqual(runs[key]["rank"], i % 2, (name, key))
+                # the same greedy outputs as the seed worker's, hit or miss
+                self.assertEqual(runs[key]["output_ids"], seed[key]["output_ids"])
+            for key in ("A", "B"):
+                again = runs[f"{key} again"]
+                self.assertNotEqual(again["rank"], runs[key]["rank"], (name, key))
+                self.assertEqual(again["cached"], 0, (name, key))
+                self.assertEqual(again["loaded_back"], 0, (name, key))
 
 
 if __name__ == "__main__":
