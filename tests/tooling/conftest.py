@@ -38,16 +38,20 @@ def upstream_wheel() -> Path:
     return Path(proc.stdout.strip())
 
 
-@pytest.fixture
-def sandbox(tmp_path, upstream_wheel):
-    """A copy of patches/ and a fresh build dir; env for the scripts."""
-    patches = tmp_path / "patches"
-    shutil.copytree(ROOT / "patches", patches)
-    env = {
-        "SGL_BUILD_DIR": str(tmp_path / "build"),
-        "SGL_PATCHES_DIR": str(patches),
-        "SGL_DIST_DIR": str(tmp_path / "dist"),
+def sandbox_env(tmp: Path, upstream_wheel: Path) -> dict:
+    """A copy of patches/ under ``tmp`` and a fresh build dir there; the
+    scripts' environment for them."""
+    shutil.copytree(ROOT / "patches", tmp / "patches")
+    return {
+        "SGL_BUILD_DIR": str(tmp / "build"),
+        "SGL_PATCHES_DIR": str(tmp / "patches"),
+        "SGL_DIST_DIR": str(tmp / "dist"),
         "SGL_CACHE_DIR": str(upstream_wheel.parent),
         "SGL_UPSTREAM_DIR": str(ROOT / "build" / "upstream"),
     }
-    return tmp_path, env
+
+
+@pytest.fixture
+def sandbox(tmp_path, upstream_wheel):
+    """A copy of patches/ and a fresh build dir; env for the scripts."""
+    return tmp_path, sandbox_env(tmp_path, upstream_wheel)

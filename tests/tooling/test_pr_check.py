@@ -7,12 +7,11 @@ module, or a suite upstream does not run, is refused."""
 import ast
 import concurrent.futures
 import re
-import shutil
 import sys
 
 import pytest
 
-from .conftest import ROOT, run_script
+from .conftest import ROOT, run_script, sandbox_env
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import pr_check  # noqa: E402
@@ -46,14 +45,7 @@ def pr_check_runs(tmp_path_factory, upstream_wheel):
     writes only build/pr/<group> and build/pr-check/<group>), two at a time,
     the longest first."""
     tmp = tmp_path_factory.mktemp("pr-check")
-    shutil.copytree(ROOT / "patches", tmp / "patches")
-    env = {
-        "SGL_BUILD_DIR": str(tmp / "build"),
-        "SGL_PATCHES_DIR": str(tmp / "patches"),
-        "SGL_DIST_DIR": str(tmp / "dist"),
-        "SGL_CACHE_DIR": str(upstream_wheel.parent),
-        "SGL_UPSTREAM_DIR": str(ROOT / "build" / "upstream"),
-    }
+    env = sandbox_env(tmp, upstream_wheel)
     longest_first = sorted(GROUPS, key=lambda g: -len(pr_tests.feature_tests(g)))
     with concurrent.futures.ThreadPoolExecutor(CONCURRENT_CHECKS) as pool:
         futures = {

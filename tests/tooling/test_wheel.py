@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, run_script
+from .conftest import ROOT, run_script, sandbox_env
 
 TOOLS_PY = ROOT / "build" / "tools" / "bin" / "python"
 
@@ -19,16 +19,7 @@ TOOLS_PY = ROOT / "build" / "tools" / "bin" / "python"
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, upstream_wheel):
     tmp = tmp_path_factory.mktemp("wheel")
-    shutil.copytree(ROOT / "patches", tmp / "patches")
-    env = {
-        **os.environ,
-        "SGL_BUILD_DIR": str(tmp / "build"),
-        "SGL_PATCHES_DIR": str(tmp / "patches"),
-        "SGL_DIST_DIR": str(tmp / "dist"),
-        "SGL_CACHE_DIR": str(upstream_wheel.parent),
-        "SGL_UPSTREAM_DIR": str(ROOT / "build" / "upstream"),
-        "LABEL": "test.7",
-    }
+    env = {**os.environ, **sandbox_env(tmp, upstream_wheel), "LABEL": "test.7"}
     subprocess.run(
         [sys.executable, str(ROOT / "scripts/series.py"), "apply"], env=env, check=True
     )

@@ -87,11 +87,7 @@ def host_span_restore(
         )
         return out
     out["host_evicted"] = stack.evict_host(10_000) if evict_host_first else 0
-    for _ in range(20):
-        stack.restore_tick()
-        if dr.hicache_restore_status.value != "pending":
-            break
-    out["status"] = dr.hicache_restore_status.value
+    out["status"] = _run_restore(stack, dr)
     _finish_or_abort(stack, dr, cached, out)
     out["after"] = stack.snapshot()
     out["host_lock_refs"] = _host_lock_refs(stack)
@@ -130,14 +126,20 @@ def short_host_span(
         admitted=[d.req.rid for d in admitted],
         promised=dr.kv_receiver.metadata["decode_prefix_len"],
     )
-    for _ in range(20):
-        stack.restore_tick()
-        if dr.hicache_restore_status.value != "pending":
-            break
-    out["status"] = dr.hicache_restore_status.value
+    out["status"] = _run_restore(stack, dr)
     _finish_or_abort(stack, dr, cached, out)
     out["after"] = stack.snapshot()
     return out
+
+
+def _run_restore(stack, dr, ticks: int = 20) -> str:
+    """Tick the restore state machine until the request leaves ``pending``
+    (bounded); its status."""
+    for _ in range(ticks):
+        stack.restore_tick()
+        if dr.hicache_restore_status.value != "pending":
+            break
+    return dr.hicache_restore_status.value
 
 
 def _finish_or_abort(stack, dr, cached, out) -> None:
