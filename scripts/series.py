@@ -215,11 +215,13 @@ def unexported(src: Path, series: list[str]) -> list[str]:
 
 
 def _copy_pristine(pristine: Path, dest: Path) -> None:
+    # The unpacked wheel is imported by the tests' upstream servers; bytecode
+    # written there is no part of the release (nor of the wheel built here).
     shutil.copytree(
         pristine,
         dest,
         symlinks=True,
-        ignore=shutil.ignore_patterns(upstream.STAMP),
+        ignore=shutil.ignore_patterns(upstream.STAMP, "__pycache__"),
     )
 
 
