@@ -74,6 +74,14 @@ def namespace_probe(server) -> dict:
     return out
 
 
+def sticky_hit_rate(records) -> float:
+    """The hit rate of a router that keeps every conversation on one rank:
+    each turn after the first has its previous turn's prompt cached."""
+    flat = [r for conv in records for r in conv]
+    cached = sum(prev["prompt"] for conv in records for prev in conv[:-1])
+    return cached / sum(r["prompt"] for r in flat)
+
+
 STALL_WARNING = "DP rank 1 sent no prefix digest"
 BUSY_CLIENTS = 6  # requests kept running on DP rank 0 during the stall
 # Each busy client asks for a different length, so their requests finish on
@@ -297,15 +305,30 @@ class TestCacheAwareRoutingServer(unittest.TestCase):
 
     def test_round_robin_hits_less(self):
         ca, rr = hit_rate(self.runs["cache_aware"]), hit_rate(self.runs["round_robin"])
-        print(f"hit rate: cache_aware {ca:.3f}, round_robin {rr:.3f}")
-        self.assertLess(rr, ca)
+        oracle = sticky_hit_rate(self.runs["cache_aware"])
+        print(
+            f"hit rate: cache_aware {ca:.3f}, round_robin {rr:.3f}, sticky {oracle:.3f}"
+        )
+        self.assertGreaterEqual(ca, oracle)
+        # round_robin puts a conversation's next turn on its rank about half
+        # the time in expectation (concurrent clients' turns interleave; seen:
+        # 0.69 of the sticky rate); 0.85 leaves room for chance, not for a
+        # router that sticks
+        self.assertLessEqual(rr, 0.85 * sticky_hit_rate(self.runs["round_robin"]))
 
     def test_small_pool_routes_host_hits(self):
+        # Prefixes leave the 1536-token device pools for the host tier: a
+        # router that ignored host hits would send those turns to the least
+        # loaded rank, half of them elsewhere, and miss them.
         records = self.runs["small_pool"]
         host = sum(r["host"] for conv in records for r in conv)
         print(f"small pool: hit rate {hit_rate(records):.3f}, host tokens {host}")
-        self.assertGreater(host, 0, records)
-        self.assertGreater(hit_rate(records), hit_rate(self.runs["round_robin"]))
+        host_turns = [r for conv in records for r in conv if r["host"] > 0]
+        self.assertGreaterEqual(len(host_turns), 2, records)
+        for c, conv in enumerate(records):
+            self.assertEqual(len({r["rank"] for r in conv}), 1, (c, conv))
+            for prev, cur in zip(conv, conv[1:]):
+                self.assertGreaterEqual(cur["cached"], prev["prompt"], (c, conv))
 
 
 if __name__ == "__main__":
