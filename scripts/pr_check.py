@@ -179,10 +179,17 @@ def pr_check(feature: str) -> list[tuple[str, str, float, str]]:
     return rows
 
 
+def _time_limit(registration: dict) -> float:
+    """A test's time limit from its ``register_cpu_ci`` estimate."""
+    return max(
+        TIMEOUT_FLOOR_S, TIMEOUT_FACTOR * float(registration.get("est_time", 60))
+    )
+
+
 def _run_test(layout: Path, path: Path, env: dict, where: str = ""):
     rel = str(path.relative_to(layout)) + where
     reg = cpu_registration(path)
-    limit = max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR * float(reg.get("est_time", 60)))
+    limit = _time_limit(reg)
     log = path.with_suffix(".log")
     start = time.monotonic()
     result = _run(path, env, limit, log)
@@ -201,7 +208,7 @@ def _run_pristine(
     it declares why it passes without the PR."""
     rel = str(path.relative_to(layout)) + " (pristine 0.5.23)"
     reg = cpu_registration(path)
-    limit = max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR * float(reg.get("est_time", 60)))
+    limit = _time_limit(reg)
     log = path.with_suffix(".pristine.log")
     start = time.monotonic()
     code = warm.run([path.name], path.parent, env, log, limit)
