@@ -25,16 +25,33 @@ UPSTREAM_TEST_MODULE = "sglang.test.hicache_rank_shard_scenarios"
 
 
 def _count_calls(module, name: str) -> list:
-    """Record every ``module.<name>`` call made from now on (its arguments)."""
+    """Record every ``module.<name>`` call made from now on: its positional
+    and keyword arguments."""
     calls = []
     original = getattr(module, name)
 
     def counting(*args, **kwargs):
-        calls.append(args or tuple(kwargs.items()))
+        calls.append((args, kwargs))
         return original(*args, **kwargs)
 
     setattr(module, name, counting)
     return calls
+
+
+def _wire_bytes(broadcasts: list, rank: int) -> dict:
+    """Bytes this rank put on the wire as a broadcast source and took off it
+    as a receiver, from the tensors handed to ``dist.broadcast`` (not the
+    exchange's own counters)."""
+    sent = received = 0
+    for args, kwargs in broadcasts:
+        tensor = args[0] if args else kwargs["tensor"]
+        src = args[1] if len(args) > 1 else kwargs["src"]
+        nbytes = tensor.numel() * tensor.element_size()
+        if src == rank:
+            sent += nbytes
+        else:
+            received += nbytes
+    return dict(wire_sent=sent, wire_received=received)
 
 
 def disable_exchange(cc) -> None:
@@ -232,6 +249,7 @@ def sharded_roundtrip(
         bytes_sent=shard.exchange.bytes_sent if shard else 0,
         bytes_received=shard.exchange.bytes_received if shard else 0,
         broadcasts=len(broadcasts),
+        **_wire_bytes(broadcasts, dist.get_rank()),
         log=log,
     )
 

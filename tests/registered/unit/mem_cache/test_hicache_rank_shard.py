@@ -38,6 +38,20 @@ def _device_layers(trace, op, kind):
     return layers
 
 
+def _owned_load_bytes(results, r) -> int:
+    """Bytes rank ``r`` owns of every load-back the run made: the loaded tokens
+    (the events every rank shares) times its KV layers' row bytes, plus the
+    loaded pages times its indexer layers' page bytes."""
+    tokens = sum(
+        len(e[2])
+        for e in results[0]["events"]
+        if e[0] == "load" and isinstance(e[2], list)
+    )
+    assert tokens > 0 and tokens % 64 == 0, tokens
+    kv = tokens * KV_ROW_BYTES * len(r["kv_host_layers"])
+    return kv + tokens // 64 * INDEXER_ROW_BYTES * len(r["indexer_host_layers"])
+
+
 class _ShardedRun:
     WORLD = 4
     LAYERS = 7
@@ -85,7 +99,11 @@ class _ShardedRun:
         self.assertEqual(sum(counts), self.LAYERS)
 
     def test_restores_are_bit_exact_on_every_rank(self):
-        loads = [e for e in self.results[0]["events"] if e[0] == "load" and len(e) == 3]
+        loads = [
+            e
+            for e in self.results[0]["events"]
+            if e[0] == "load" and isinstance(e[2], list)
+        ]
         self.assertGreaterEqual(len(loads), 5)
         for r in self.results:
             self.assertEqual(r["mismatches"], [], f"rank {r['rank']}")
@@ -128,14 +146,19 @@ class _ShardedRun:
                 if c["op"] == "d2h_all_layer" and c["dst"] == ("host.kv",)
             )
             self.assertEqual(kv_bytes, tokens * KV_ROW_BYTES * len(owned_kv))
-            # Broadcast volume: a rank sends exactly the rows it copied
-            # host->device (its layers' KV rows and indexer pages).
+            # Broadcast volume, from the geometry: per loaded token one KV row
+            # of each layer the rank owns, per loaded page one indexer page of
+            # each indexer layer it owns. That is what it copies host->device,
+            # what it hands to dist.broadcast, and what the exchange counts.
+            self.assertEqual(r["bytes_sent"], _owned_load_bytes(self.results, r))
             h2d = sum(c["nbytes"] for c in r["trace"] if c["op"] == "h2d_layer")
-            self.assertGreater(h2d, 0)
-            self.assertEqual(r["bytes_sent"], h2d, r["rank"])
+            self.assertEqual(h2d, r["bytes_sent"], r["rank"])
+            self.assertEqual(r["wire_sent"], r["bytes_sent"], r["rank"])
         for r in self.results:  # and receives what every other rank sent
-            others = sum(o["bytes_sent"] for o in self.results if o is not r)
+            others = sum(_owned_load_bytes(self.results, o) for o in self.results)
+            others -= _owned_load_bytes(self.results, r)
             self.assertEqual(r["bytes_received"], others, r["rank"])
+            self.assertEqual(r["wire_received"], others, r["rank"])
         self.assertTrue(all(r["gate_event_set"] for r in self.results))
 
     def test_one_broadcast_per_layer_owner(self):
@@ -213,7 +236,9 @@ class TestRankShardChunkedStaging(unittest.TestCase):
             layer_num=5,
             staging_bytes=3 * INDEXER_ROW_BYTES,
         )
-        loads = [e for e in results[0]["events"] if e[0] == "load" and len(e) == 3]
+        loads = [
+            e for e in results[0]["events"] if e[0] == "load" and isinstance(e[2], list)
+        ]
         self.assertTrue(any(len(e[2]) > 3 * 64 for e in loads))
         for r in results:
             self.assertTrue(r["sharded"])
