@@ -35,12 +35,15 @@ def host_span_restore(
     evict_host_first: bool = True,
     abort_queued: bool = False,
     abort_restoring: bool = False,
+    swap_restored_rows: bool = False,
     tree_core: str = "python",
 ) -> dict:
     """A prefix cached only in host memory is promised to prefill; host
     eviction runs before the restore is queued (host pressure from other
     write-throughs); then the restore runs. ``abort_queued`` aborts the
-    request before admission, ``abort_restoring`` while its restore waits."""
+    request before admission, ``abort_restoring`` while its restore waits.
+    Negative control of the byte check: ``swap_restored_rows`` swaps the
+    first two restored device rows (a restore that misplaced them)."""
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
     from harness.stacks.decode import random_tokens
@@ -88,6 +91,10 @@ def host_span_restore(
         return out
     out["host_evicted"] = stack.evict_host(10_000) if evict_host_first else 0
     out["status"] = _run_restore(stack, dr)
+    if swap_restored_rows and dr.hicache_restored_kv_indices is not None:
+        a, b = dr.hicache_restored_kv_indices[:2].tolist()
+        for buf in stack.pool.kv_buffer:
+            buf[[a, b]] = buf[[b, a]].clone()
     _finish_or_abort(stack, dr, cached, out)
     out["after"] = stack.snapshot()
     out["host_lock_refs"] = _host_lock_refs(stack)

@@ -37,6 +37,18 @@ L3 = l3_two_phase
 HEAD = head_of_queue_admission
 PEEK = peek_vs_match
 PRESSURE = dict(size=1024, steps=24, arrivals=(1, 4))
+# benchmark/decode_hicache's "host-churn" configuration: 512 tokens of other
+# traffic written through to host per step, restores ticked every 4th step.
+HOST_CHURN = dict(
+    size=1536,
+    hicache_ratio=1.2,
+    host_churn_tokens=512,
+    restore_every=4,
+    steps=20,
+    arrivals=(1, 4),
+    num_prefixes=10,
+    lifetime=(4, 8),
+)
 
 _RUNS: dict = {}
 
@@ -98,15 +110,22 @@ class TestHostSpanLock(_OnTreeCore):
         self.assertTrue(r["host_locked"])
         self.assertEqual(r["host_evicted"], 0)
         self.assertEqual(r["status"], "ready")
-        self.assertTrue(r["restored_bytes_equal"])
+        self.assertIs(r["restored_bytes_equal"], True)
         # The lock is released once the restore's load_back holds the path.
         self.assertEqual(r["host_lock_refs"], 0)
         self.assertEqual(r["after"]["device_protected"], 0)
 
+    def test_byte_check_sees_two_misplaced_rows(self):
+        # Negative control of restored_bytes_equal: the same restore with two
+        # of its device rows swapped afterwards compares unequal.
+        (r,) = self.scenario(HOST_SPAN, 1, fixes=True, swap_restored_rows=True)
+        self.assertEqual(r["status"], "ready")
+        self.assertIs(r["restored_bytes_equal"], False)
+
     def test_span_released_when_nothing_evicts(self):
         (r,) = self.scenario(HOST_SPAN, 1, fixes=True, evict_host_first=False)
         self.assertEqual(r["status"], "ready")
-        self.assertTrue(r["restored_bytes_equal"])
+        self.assertIs(r["restored_bytes_equal"], True)
         self.assertEqual(r["host_lock_refs"], 0)
 
 
@@ -124,6 +143,18 @@ class TestAdmissionPlanning(_OnTreeCore):
         self.assertEqual(after["req_slots"], 32)
         self.assertEqual(after["metadata_slots"], 32)
         self.assertEqual(after["device_available"] + after["device_evictable"], 1024)
+
+    def test_no_failed_restore_under_host_churn(self):
+        # Where 0.5.23's greedy admission promises a host span that the churn
+        # evicts before its restore runs (a request aborted, HTTP 500), the
+        # planned admission locks it: the same admissions, no failed restore.
+        for seed in (0, 1):
+            greedy = self.scenario(SIM, 1, fixes=False, seed=seed, **HOST_CHURN)
+            (r,) = self.scenario(SIM, 1, fixes=True, seed=seed, **HOST_CHURN)
+            self.assertGreater(greedy[0]["totals"]["failed_restores"], 0, seed)
+            self.assertEqual(r["totals"]["failed_restores"], 0, seed)
+            self.assertEqual(r["totals"]["admitted"], greedy[0]["totals"]["admitted"])
+            self.assertEqual(r["host_lock_refs"], 0)
 
     def test_queue_head_admitted_like_greedy(self):
         # Regression: the commit loop re-judged a planned request against the
@@ -236,7 +267,7 @@ class TestTwoPhaseL3Prefetch(_OnTreeCore):
         self.assertGreaterEqual(r["admitted_at"], 1)  # held while prefetching
         self.assertEqual((r["l2"], r["l3"], r["promised"]), (256, 0, 256))
         self.assertEqual(r["status"], "ready")
-        self.assertTrue(r["restored_bytes_equal"])
+        self.assertIs(r["restored_bytes_equal"], True)
         self.assertEqual(r["host_lock_refs"], 0)
 
     def test_two_phase_never_promises_what_did_not_land(self):
@@ -280,7 +311,7 @@ class TestTwoPhaseL3Prefetch(_OnTreeCore):
         self.assertEqual(first["status"], "ready")
         for r in results:
             self.assertEqual({k: r[k] for k in keys}, first)
-            self.assertTrue(r["restored_bytes_equal"])
+            self.assertIs(r["restored_bytes_equal"], True)
             self.assertEqual(r["host_lock_refs"], 0)
 
 
