@@ -21,9 +21,12 @@ workload from the one prefill server:
   --disaggregation-decode-enable-hicache --disaggregation-decode-hicache-ratio
   2.0``; it auto-selects cache_aware routing;
 * ``round_robin``: the same with ``--load-balance-method round_robin``;
-* ``generic``: upstream's generic spelling (``--enable-hierarchical-cache
-  --hicache-ratio 2.0 --disaggregation-decode-enable-radix-cache``), which
-  keeps round_robin.
+* ``generic``: the same wheel with upstream's generic spelling
+  (``--enable-hierarchical-cache --hicache-ratio 2.0
+  --disaggregation-decode-enable-radix-cache``) and upstream's default
+  ``--load-balance-method round_robin`` (named: with the decode radix cache
+  flag the wheel would pick cache_aware): the scheduler keeps 0.5.23's
+  admission, which it says by not logging the seed interface's.
 
 Workload: prompts A and B (one per rank), eight fillers (A and B leave their
 ranks' device pools for the host tier: three 208-token requests fill a pool),
@@ -84,21 +87,21 @@ SEED_FLAGS = [
     "--disaggregation-decode-hicache-ratio",
     "2.0",
 ]
-# name: (tree, decode arguments); "generic" is pristine 0.5.23 with upstream's
-# spelling of decode HiCache
+ROUND_ROBIN = ["--load-balance-method", "round_robin"]
+GENERIC_FLAGS = ["--enable-hierarchical-cache", "--hicache-ratio", "2.0"]
+GENERIC_FLAGS += ["--disaggregation-decode-enable-radix-cache"]
+# name: decode arguments (all on the patched wheel)
 DECODES = {
-    "seed": ("patched", DECODE_BASE + SEED_FLAGS),
-    "round_robin": (
-        "patched",
-        DECODE_BASE + SEED_FLAGS + ["--load-balance-method", "round_robin"],
-    ),
-    "generic": (
-        "upstream",
-        DECODE_BASE
-        + ["--enable-hierarchical-cache", "--hicache-ratio", "2.0"]
-        + ["--disaggregation-decode-enable-radix-cache"],
-    ),
+    "seed": DECODE_BASE + SEED_FLAGS,
+    "round_robin": DECODE_BASE + SEED_FLAGS + ROUND_ROBIN,
+    "generic": DECODE_BASE + GENERIC_FLAGS + ROUND_ROBIN,
 }
+# What the decode scheduler logs at startup when it runs the seed interface's
+# admission (decode-hicache/0005).
+SEED_ADMISSION_LOG = (
+    "Decode HiCache admission (--disaggregation-decode-enable-hicache): "
+    "host spans locked until restored, pre-allocation planned per round"
+)
 WORDS = "cache prefix token rank host device page layer tree radix decode".split()
 
 
@@ -175,8 +178,9 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
         decodes, pids = {}, []
 
         def start(name):
-            tree, args = DECODES[name]
-            decodes[name] = LiveServer(tree, args, env=PD_ENV, name=f"decode-{name}")
+            decodes[name] = LiveServer(
+                "patched", DECODES[name], env=PD_ENV, name=f"decode-{name}"
+            )
 
         try:
             with ThreadPoolExecutor(len(DECODES)) as pool:
@@ -186,6 +190,7 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
                 cls.results[name] = dict(
                     info=decode.get("/server_info").json(),
                     runs=run_workload(prefill, decode, bootstrap_port),
+                    log=decode.log_text(),
                 )
         except Exception as exc:
             logs = prefill.log_tail(3000)
@@ -200,7 +205,7 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
         expected = {
             "seed": "cache_aware",
             "round_robin": "round_robin",
-            "generic": "round_robin",  # 0.5.23 has no cache_aware
+            "generic": "round_robin",
         }
         for name, method in expected.items():
             info = self.results[name]["info"]
@@ -208,6 +213,12 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
             self.assertEqual(info.get("load_balance_method"), method, name)
             self.assertTrue(info.get("enable_hierarchical_cache"), name)
             self.assertFalse(info.get("disable_radix_cache"), name)
+
+    def test_the_scheduler_runs_the_seed_admission_from_the_seed_flag_only(self):
+        for name, seed_flag in (("seed", 1), ("round_robin", 1), ("generic", 0)):
+            log = self.results[name]["log"]
+            # one line per DP rank's scheduler
+            self.assertEqual(log.count(SEED_ADMISSION_LOG), 2 * seed_flag, name)
 
     def _print(self, name):
         for key, run in self.results[name]["runs"].items():
