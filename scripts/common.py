@@ -82,6 +82,27 @@ def read_series(series_file: Path | None = None) -> list[str]:
     return entries
 
 
+def group_needs(feature: str, series_file: Path | None = None) -> list[str]:
+    """The patches of other groups that ``feature`` is stacked on: the
+    ``# needs: <entry> ...`` comment lines of its ``# == <feature>: ...``
+    block in the series file (upstream fixes a feature builds on)."""
+    series_file = series_file or PATCHES / "series"
+    needs, inside = [], False
+    for line in series_file.read_text().splitlines():
+        if line.startswith("# == "):
+            inside = line[len("# == ") :].split(":", 1)[0].strip() == feature
+        elif inside and line.startswith("# needs:"):
+            needs += line[len("# needs:") :].split()
+    series = read_series(series_file)
+    for name in needs:
+        if name not in series or name.startswith(feature + "/"):
+            raise ToolError(
+                f"series: group {feature} needs {name}, which is not a patch of "
+                "another group in the series"
+            )
+    return needs
+
+
 def run_main(main) -> None:
     try:
         main()

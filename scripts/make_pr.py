@@ -13,7 +13,8 @@ Writes build/pr/<feature>/:
     test modules they import under ``python/sglang/test/``;
   * PR.md: a description in upstream's PR template built from the headers.
 The patches are re-cut against the pinned wheel alone (``carry_alone``: a
-group that needs another group's lines is refused) and checked with
+group that needs another group's lines is refused), or stacked on the fixes
+its series block names (``# needs: fixes/NNNN-...``, written to stacked-on/) and checked with
 ``patch -p1 --fuzz=0`` alone on the pristine wheel laid out under ``python/``.
 ``pr_check.py`` then runs the tests there as upstream's CI does.
 """
@@ -30,7 +31,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import series as series_mod  # noqa: E402
-from common import BUILD, PATCHES, ToolError, git, read_series, run_main  # noqa: E402
+from common import (  # noqa: E402
+    BUILD,
+    PATCHES,
+    ToolError,
+    git,
+    group_needs,
+    read_series,
+    run_main,
+)
 from headers import SERIES_FIELDS, patch_header  # noqa: E402
 from pr_bench import benchmark_section  # noqa: E402
 from pr_tests import extract  # noqa: E402
@@ -43,6 +52,10 @@ _DROP_FIELDS = re.compile(
     r"(?m)^(" + "|".join(SERIES_FIELDS) + r"):.*\n"
     r"(?:(?![\w-]+:\s)(?!diff --git )(?!---).+\n)*"
 )
+
+
+# Where make pr puts the patches of other groups the PR is stacked on.
+STACKED_ON = "stacked-on"
 
 
 def to_upstream_layout(text: str, author: str | None = None) -> str:
@@ -70,7 +83,19 @@ def make_pr(feature: str, author: str | None = None) -> Path:
         shutil.rmtree(out)
     (out / "tests").mkdir(parents=True)
     motivation, modifications, related = [], [], []
-    alone = carry_alone(entries)
+    needs = group_needs(feature)
+    alone = carry_alone(needs + entries)
+    if needs:
+        # The fixes this group is stacked on, as their own PR extracts them.
+        (out / STACKED_ON).mkdir()
+        for name in needs:
+            text = to_upstream_layout(alone[name], author)
+            (out / STACKED_ON / Path(name).name).write_text(text)
+            subject = patch_header((PATCHES / name).read_text())["Subject"]
+            motivation.append(
+                f"- Stacked on {subject} (`{name}`, `make pr "
+                f"FEATURE={name.split('/')[0]}`): apply that PR first."
+            )
     for name in entries:
         text = to_upstream_layout(alone[name], author)
         (out / Path(name).name).write_text(text)
@@ -111,7 +136,7 @@ def make_pr(feature: str, author: str | None = None) -> Path:
         "- [x] Provide accuracy and speed benchmark results (above)\n"
         "- [x] Follow the SGLang code style guidance\n"
     )
-    _check(out, entries)
+    _check(out, entries, needs)
     print(f"wrote {out} ({len(entries)} patches, {len(tests)} test files)")
     return out
 
@@ -170,16 +195,24 @@ def carry_alone(entries: list[str]) -> dict[str, str]:
     return out
 
 
-def _check(out: Path, entries: list[str]) -> None:
+def _check(out: Path, entries: list[str], needs: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        lay_out(out, entries, Path(tmp))
+        lay_out(out, entries, Path(tmp), needs)
 
 
-def lay_out(out: Path, entries: list[str], repo: Path) -> None:
-    """``patch -p1 --fuzz=0`` the extracted patches, alone, onto the pristine
-    wheel laid out under ``repo/python``: every hunk at its recorded line."""
+def lay_out(out: Path, entries: list[str], repo: Path, needs=()) -> None:
+    """``patch -p1 --fuzz=0`` the extracted patches, alone (on the patches
+    the group is stacked on), onto the pristine wheel laid out under
+    ``repo/python``: every hunk at its recorded line."""
     copy_pristine(repo)
+    apply_stacked_on(out, needs, repo)
     apply_each(out, entries, repo)
+
+
+def apply_stacked_on(out: Path, needs, repo: Path) -> None:
+    """The patches of other groups this PR is stacked on (``# needs:``)."""
+    for name in needs:
+        _apply(repo, out / STACKED_ON / Path(name).name, name)
 
 
 def copy_pristine(repo: Path) -> None:

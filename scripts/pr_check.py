@@ -36,8 +36,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import BUILD, ToolError, read_series, run_main  # noqa: E402
-from make_pr import apply_each, copy_pristine, make_pr  # noqa: E402
+from common import BUILD, ToolError, group_needs, read_series, run_main  # noqa: E402
+from make_pr import (  # noqa: E402
+    apply_each,
+    apply_stacked_on,
+    copy_pristine,
+    make_pr,
+)
 from pr_tests import (  # noqa: E402
     cpu_registration,
     feature_tests,
@@ -145,6 +150,9 @@ def pr_check(feature: str) -> list[tuple[str, str, float, str]]:
     layout.mkdir(parents=True)
     env = _env(layout)
     copy_pristine(layout)
+    needs = group_needs(feature)
+    apply_stacked_on(out, needs, layout)
+    base = "pristine 0.5.23" + "".join(f" + {n.split('-')[0]}" for n in needs)
     shutil.copytree(out / "tests", layout, dirs_exist_ok=True)
     tests = sorted((layout / "test" / "registered").rglob("test_*.py"))
     if not tests:
@@ -159,7 +167,7 @@ def pr_check(feature: str) -> list[tuple[str, str, float, str]]:
     }
     with WarmPython(PRISTINE_PRELOAD, sglang_path=layout / "python") as warm:
         rows = [
-            _run_pristine(warm, layout, path, env, on_pristine.get(path))
+            _run_pristine(warm, layout, path, env, on_pristine.get(path), base)
             for path in tests
         ]
 
@@ -201,12 +209,18 @@ def _run_test(layout: Path, path: Path, env: dict, where: str = ""):
 
 
 def _run_pristine(
-    warm: WarmPython, layout: Path, path: Path, env: dict, reason: str | None
+    warm: WarmPython,
+    layout: Path,
+    path: Path,
+    env: dict,
+    reason: str | None,
+    base: str = "pristine 0.5.23",
 ):
-    """The test on the pristine release (no patch applied yet), forked from
-    ``warm`` as ``python3 <test>`` in its folder: it must fail, or pass when
-    it declares why it passes without the PR."""
-    rel = str(path.relative_to(layout)) + " (pristine 0.5.23)"
+    """The test on the pristine release (no patch of the PR applied yet; a PR
+    stacked on fixes has those), forked from ``warm`` as ``python3 <test>`` in
+    its folder: it must fail, or pass when it declares why it passes without
+    the PR."""
+    rel = str(path.relative_to(layout)) + f" ({base})"
     reg = cpu_registration(path)
     limit = _time_limit(reg)
     log = path.with_suffix(".pristine.log")

@@ -55,14 +55,14 @@ CONFIGS = [
 POLICIES = ("best_effort", "timeout", "wait_complete")
 
 
-def _sim(which, fixes, cfg, seed, steps):
+def _sim(which, seed_flag, cfg, seed, steps):
     name, size, ratio, churn, every = cfg
     (r,) = run_scenario(
         which,
         SIM,
         1,
         timeout=900,
-        fixes=fixes,
+        seed_flag=seed_flag,
         seed=seed,
         steps=steps,
         size=size,
@@ -80,10 +80,10 @@ def run_admission(seeds, steps):
     rows = []
     for cfg in CONFIGS:
         agg = {}
-        for which, fixes in (("upstream", False), ("patched", True)):
+        for which, seed_flag in (("upstream", False), ("patched", True)):
             tot = {}
             for seed in seeds:
-                t, _ = _sim(which, fixes, cfg, seed, steps)
+                t, _ = _sim(which, seed_flag, cfg, seed, steps)
                 for k, v in t.items():
                     tot[k] = tot.get(k, 0) + v
             n = len(seeds)
@@ -111,14 +111,14 @@ def run_l3(prefix_sizes):
     for tokens in prefix_sizes:
         for policy in POLICIES:
             row = dict(prefix_tokens=tokens, policy=policy)
-            for which, fixes in (("upstream", False), ("patched", True)):
+            for which, seed_flag in (("upstream", False), ("patched", True)):
                 with tempfile.TemporaryDirectory() as d:
                     (r,) = run_scenario(
                         which,
                         L3,
                         1,
                         timeout=300,
-                        fixes=fixes,
+                        seed_flag=seed_flag,
                         storage_dir=d,
                         policy=policy,
                         prefix_tokens=tokens,

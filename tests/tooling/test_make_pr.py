@@ -2,8 +2,16 @@
 committed JSON, and a configurable author for the extracted patches."""
 
 import json
+import sys
+
+import pytest
 
 from .conftest import ROOT, run_script
+
+sys.path.insert(0, str(ROOT / "scripts"))
+from common import ToolError, group_needs  # noqa: E402
+
+sys.path.remove(str(ROOT / "scripts"))
 
 
 def test_pr_md_benchmark_tables_come_from_the_committed_json(sandbox):
@@ -87,11 +95,41 @@ def test_each_group_applies_alone_at_its_recorded_lines(sandbox, tmp_path):
         out = tmp / "build" / "pr" / group
         patches = sorted(out.glob("*.patch"))
         assert patches
-        for code, output in _apply_alone(tmp_path / group, patches):
+        # a group stacked on fixes (its series "# needs:") gets them first
+        stacked = sorted((out / "stacked-on").glob("*.patch"))
+        assert [p.name for p in stacked] == [
+            n.split("/")[1] for n in group_needs(group)
+        ]
+        for code, output in _apply_alone(tmp_path / group, stacked + patches):
             assert code == 0 and "offset" not in output and "fuzz" not in output, (
                 group,
                 output,
             )
+
+
+def test_decode_hicache_needs_the_host_span_lock_fix(sandbox, tmp_path):
+    # Negative control of the stacking: without the fix it builds on, the
+    # decode group does not apply to pristine 0.5.23.
+    tmp, env = sandbox
+    assert group_needs("decode-hicache") == [
+        "fixes/0005-lock-the-host-backed-span-of-a-decode-prefix-match-u.patch"
+    ]
+    proc = run_script("make_pr.py", "decode-hicache", env=env)
+    assert proc.returncode == 0, proc.stderr
+    patches = sorted((tmp / "build" / "pr" / "decode-hicache").glob("*.patch"))
+    outputs = _apply_alone(tmp_path, patches)
+    assert any(code != 0 for code, _ in outputs), outputs
+
+
+def test_a_need_outside_the_series_is_refused(tmp_path):
+    series = tmp_path / "series"
+    series.write_text(
+        "# == fixes: x ==\nfixes/0001-a.patch\n"
+        "# == feat: y ==\n# needs: fixes/0002-missing.patch\nfeat/0001-b.patch\n"
+    )
+    assert group_needs("fixes", series) == []
+    with pytest.raises(ToolError, match="needs fixes/0002-missing.patch"):
+        group_needs("feat", series)
 
 
 DEPENDENT = """From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001

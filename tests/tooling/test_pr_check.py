@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import pr_check  # noqa: E402
 import pr_tests  # noqa: E402
 import warm_python  # noqa: E402
-from common import ToolError, read_series  # noqa: E402
+from common import ToolError, group_needs, read_series  # noqa: E402
 
 sys.path.remove(str(ROOT / "scripts"))
 
@@ -68,7 +68,10 @@ def test_pr_tests_pass_upstream_style_on_the_pr_alone(pr_check_runs, group):
     assert f"{expected} of {expected} PR test runs pass" in proc.stdout
     # each test ran on pristine 0.5.23 first: failing there, or passing for
     # the reason it declares
-    pristine = [l for l in proc.stdout.splitlines() if l.endswith("(pristine 0.5.23)")]
+    base = "pristine 0.5.23" + "".join(
+        f" + {n.split('-')[0]}" for n in group_needs(group)
+    )
+    pristine = [l for l in proc.stdout.splitlines() if l.endswith(f"({base})")]
     assert len(pristine) == len(tests), pristine
     for test in tests:
         line = next(l for l in pristine if f"/{test.name} (" in l)

@@ -13,7 +13,7 @@ from .conftest import ROOT, run_script
 
 MOVED = "cache-aware-routing/0003-dp-cache-aware-load-balance-method.patch"
 CONTEXT = "hicache-rank-shard/0001-l2-transfer-move-layer-loop-into-load-layer.patch"
-CONFLICT = "decode-hicache/0006-decode-two-phase-l3-prefetch.patch"
+CONFLICT = "decode-hicache/0005-decode-two-phase-l3-prefetch.patch"
 
 
 def _git(repo, *args):

@@ -1,7 +1,7 @@
 """Decode-side HiCache scenarios, run against unpatched upstream and the patched
 tree (``harness.compare.run_scenario``) on gloo ranks.
 
-``fixes=True`` passes ``--disaggregation-decode-enable-hicache`` (only the
+``seed_flag=True`` passes ``--disaggregation-decode-enable-hicache`` (only the
 patched tree knows it); without it both trees must behave identically.
 ``tree_core`` picks the radix tree core, ``"python"`` or ``"rust"`` (0.5.23's
 default); every scenario runs on either.
@@ -18,11 +18,11 @@ from harness.scenarios.l2 import sglang_identity
 UPSTREAM_TEST_MODULE = "sglang.test.decode_hicache_scenarios"
 
 
-def _stack(rank, world_size, fixes, **kw):
+def _stack(rank, world_size, seed_flag, **kw):
     from harness.stacks.decode import build_decode_stack
 
     overrides = dict(kw.pop("server_args_overrides", {}) or {})
-    if fixes:
+    if seed_flag:
         overrides["disaggregation_decode_enable_hicache"] = True
     return build_decode_stack(rank, world_size, server_args_overrides=overrides, **kw)
 
@@ -31,7 +31,7 @@ def host_span_restore(
     rank: int,
     world_size: int,
     *,
-    fixes: bool,
+    seed_flag: bool,
     evict_host_first: bool = True,
     abort_queued: bool = False,
     abort_restoring: bool = False,
@@ -48,7 +48,7 @@ def host_span_restore(
 
     from harness.stacks.decode import random_tokens
 
-    stack = _stack(rank, world_size, fixes, size=1024, tree_core=tree_core)
+    stack = _stack(rank, world_size, seed_flag, size=1024, tree_core=tree_core)
     rng = random.Random(7)
     gen = torch.Generator().manual_seed(7)
     prefix = random_tokens(rng, 256)
@@ -203,7 +203,7 @@ def admission_sim(
     rank: int,
     world_size: int,
     *,
-    fixes: bool,
+    seed_flag: bool,
     seed: int = 0,
     steps: int = 30,
     size: int = 2048,
@@ -228,7 +228,7 @@ def admission_sim(
     and the restore tick, which runs every ``restore_every`` steps (load-back
     slots busy). Every input is drawn from ``seed``
     alone, so all ranks see the same workload. Returns per-step counts and
-    the per-step plan digests (patched tree, ``fixes=True``).
+    the per-step plan digests (patched tree, ``seed_flag=True``).
     ``host_len_unused`` replaces the host length ``peek_prefix`` returns by
     ``HostLenUnused`` (the planner must plan the same without it) and counts
     the peeks."""
@@ -245,7 +245,7 @@ def admission_sim(
     stack = _stack(
         rank,
         world_size,
-        fixes,
+        seed_flag,
         size=size,
         max_reqs=32,
         server_args_overrides=dict(hicache_ratio=hicache_ratio),
@@ -285,7 +285,7 @@ def admission_sim(
 
     stack.cache.evict_for_alloc = counting_evict_for_alloc
     plans = []
-    if fixes:
+    if seed_flag:
         original_plan = stack.prealloc._plan_prealloc_batch
 
         def recording_plan(*a, **kw):  # call-through recorder
@@ -402,14 +402,14 @@ def admission_sim(
     )
 
 
-def _l3_stack(rank, world_size, fixes, storage_dir, policy, tree_core):
+def _l3_stack(rank, world_size, seed_flag, storage_dir, policy, tree_core):
     import os
 
     os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = storage_dir
     return _stack(
         rank,
         world_size,
-        fixes,
+        seed_flag,
         size=1024,
         server_args_overrides=dict(
             hicache_storage_backend="file",
@@ -431,7 +431,7 @@ def l3_two_phase(
     rank: int,
     world_size: int,
     *,
-    fixes: bool,
+    seed_flag: bool,
     storage_dir: str,
     policy: str = "wait_complete",
     abort_while_prefetching: bool = False,
@@ -441,14 +441,14 @@ def l3_two_phase(
 ) -> dict:
     """A prefix that lives only in L3 storage (file backend): written through
     to host and storage, then evicted from device and host. A request for it
-    is admitted; ``fixes=True`` holds it until the L3 -> L2 prefetch lands."""
+    is admitted; ``seed_flag=True`` holds it until the L3 -> L2 prefetch lands."""
     import time
 
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
     from harness.stacks.decode import random_tokens
 
-    stack = _l3_stack(rank, world_size, fixes, storage_dir, policy, tree_core)
+    stack = _l3_stack(rank, world_size, seed_flag, storage_dir, policy, tree_core)
     rng = random.Random(11)
     gen = torch.Generator().manual_seed(11)
     prefix = random_tokens(rng, prefix_tokens)
@@ -709,7 +709,7 @@ def planned_then_released(
 
 
 def head_of_queue_admission(
-    rank: int, world_size: int, *, fixes: bool, rounds=3, tree_core: str = "python"
+    rank: int, world_size: int, *, seed_flag: bool, rounds=3, tree_core: str = "python"
 ):
     """An idle decode worker whose queue head needs a large decode headroom
     (max_new_tokens) while the next request reuses a large cached prefix:
@@ -717,7 +717,7 @@ def head_of_queue_admission(
     (only its own and earlier prefixes locked)."""
     from harness.stacks.decode import random_tokens
 
-    stack = _stack(rank, world_size, fixes, size=1024, tree_core=tree_core)
+    stack = _stack(rank, world_size, seed_flag, size=1024, tree_core=tree_core)
     rng = random.Random(21)
     gen = torch.Generator().manual_seed(21)
     p, q = random_tokens(rng, 576), random_tokens(rng, 256)

@@ -97,10 +97,10 @@ DECODES = {
     "generic": DECODE_BASE + GENERIC_FLAGS + ROUND_ROBIN,
 }
 # What the decode scheduler logs at startup when it runs the seed interface's
-# admission (decode-hicache/0005).
+# admission (decode-hicache/0004).
 SEED_ADMISSION_LOG = (
     "Decode HiCache admission (--disaggregation-decode-enable-hicache): "
-    "host spans locked until restored, pre-allocation planned per round"
+    "pre-allocation planned per round"
 )
 WORDS = "cache prefix token rank host device page layer tree radix decode".split()
 

@@ -1,12 +1,13 @@
-"""Decode-side HiCache admission (PD disaggregation): host-span lock, read-only
-prefix match, batched pre-allocation planning.
+"""Decode-side HiCache admission (PD disaggregation): read-only prefix match,
+batched pre-allocation planning, two-phase L3 prefetch (the host-span lock is
+the fixes group's, test_decode_host_span_lock.py).
 
 Runs real ``UnifiedRadixCache`` (HiCache host tier) and decode queue objects on
 CPU (``harness.stacks.decode``; stand-ins only for the KV receiver, the two
 ``kvcacheio`` direct ops and pinned registration) in gloo ranks, on both radix
 tree cores: each class runs on the Python core and its ``...Rust`` subclass on
 the Rust core (0.5.23's default). "Greedy" is the same scenario with the
-feature off (``fixes=False``), i.e. 0.5.23's admission. Identical scenario runs
+feature off (``seed_flag=False``), i.e. 0.5.23's admission. Identical scenario runs
 are shared between tests.
 """
 
@@ -96,42 +97,9 @@ class TestPeekPrefix(_OnTreeCore):
             self.assertEqual(r["lru"]["match"], (64, 0))
 
 
-class TestHostSpanLock(_OnTreeCore):
-    def test_flag_off_fails_the_restore_after_host_eviction(self):
-        # Reproduces the 0.5.23 failure: only the last device node is locked,
-        # host eviction drops the promised span, the restore FAILs (HTTP 500).
-        (up,) = self.scenario(HOST_SPAN, 1, fixes=False)
-        self.assertEqual((up["l1"], up["l2"], up["promised"]), (0, 256, 256))
-        self.assertEqual(up["host_evicted"], 256)
-        self.assertEqual(up["status"], "failed")
-
-    def test_locked_span_survives_host_eviction_and_restores_bit_exact(self):
-        (r,) = self.scenario(HOST_SPAN, 1, fixes=True)
-        self.assertTrue(r["host_locked"])
-        self.assertEqual(r["host_evicted"], 0)
-        self.assertEqual(r["status"], "ready")
-        self.assertIs(r["restored_bytes_equal"], True)
-        # The lock is released once the restore's load_back holds the path.
-        self.assertEqual(r["host_lock_refs"], 0)
-        self.assertEqual(r["after"]["device_protected"], 0)
-
-    def test_byte_check_sees_two_misplaced_rows(self):
-        # Negative control of restored_bytes_equal: the same restore with two
-        # of its device rows swapped afterwards compares unequal.
-        (r,) = self.scenario(HOST_SPAN, 1, fixes=True, swap_restored_rows=True)
-        self.assertEqual(r["status"], "ready")
-        self.assertIs(r["restored_bytes_equal"], False)
-
-    def test_span_released_when_nothing_evicts(self):
-        (r,) = self.scenario(HOST_SPAN, 1, fixes=True, evict_host_first=False)
-        self.assertEqual(r["status"], "ready")
-        self.assertIs(r["restored_bytes_equal"], True)
-        self.assertEqual(r["host_lock_refs"], 0)
-
-
 class TestAdmissionPlanning(_OnTreeCore):
     def test_planned_admission_leaks_nothing(self):
-        (r,) = self.scenario(SIM, 1, fixes=True, seed=3, **PRESSURE)
+        (r,) = self.scenario(SIM, 1, seed_flag=True, seed=3, **PRESSURE)
         t = r["totals"]
         self.assertGreater(t["admitted"], 10)
         self.assertGreater(t["evict_calls"], 0)
@@ -145,13 +113,12 @@ class TestAdmissionPlanning(_OnTreeCore):
         self.assertEqual(after["device_available"] + after["device_evictable"], 1024)
 
     def test_no_failed_restore_under_host_churn(self):
-        # Where 0.5.23's greedy admission promises a host span that the churn
-        # evicts before its restore runs (a request aborted, HTTP 500), the
-        # planned admission locks it: the same admissions, no failed restore.
+        # The host-span lock (fixes group) holds under the planned admission
+        # too: the same admissions as the greedy loop, no failed restore.
         for seed in (0, 1):
-            greedy = self.scenario(SIM, 1, fixes=False, seed=seed, **HOST_CHURN)
-            (r,) = self.scenario(SIM, 1, fixes=True, seed=seed, **HOST_CHURN)
-            self.assertGreater(greedy[0]["totals"]["failed_restores"], 0, seed)
+            greedy = self.scenario(SIM, 1, seed_flag=False, seed=seed, **HOST_CHURN)
+            (r,) = self.scenario(SIM, 1, seed_flag=True, seed=seed, **HOST_CHURN)
+            self.assertEqual(greedy[0]["totals"]["failed_restores"], 0, seed)
             self.assertEqual(r["totals"]["failed_restores"], 0, seed)
             self.assertEqual(r["totals"]["admitted"], greedy[0]["totals"]["admitted"])
             self.assertEqual(r["host_lock_refs"], 0)
@@ -159,16 +126,16 @@ class TestAdmissionPlanning(_OnTreeCore):
     def test_queue_head_admitted_like_greedy(self):
         # Regression: the commit loop re-judged a planned request against the
         # budget with *all* planned prefixes locked and rejected it every round.
-        greedy = self.scenario(HEAD, 1, fixes=False)
-        (r,) = self.scenario(HEAD, 1, fixes=True)
+        greedy = self.scenario(HEAD, 1, seed_flag=False)
+        (r,) = self.scenario(HEAD, 1, seed_flag=True)
         self.assertEqual(greedy[0]["admitted"][0], ["r1", "r2"])
         self.assertEqual(r["admitted"], greedy[0]["admitted"])
         self.assertEqual(r["queued"], [])
         self.assertEqual(r["host_lock_refs"], 0)
 
     def test_one_page_aligned_eviction_per_admission_round(self):
-        greedy = self.scenario(SIM, 1, fixes=False, seed=3, **PRESSURE)
-        (r,) = self.scenario(SIM, 1, fixes=True, seed=3, **PRESSURE)
+        greedy = self.scenario(SIM, 1, seed_flag=False, seed=3, **PRESSURE)
+        (r,) = self.scenario(SIM, 1, seed_flag=True, seed=3, **PRESSURE)
         # Same admissions, round by round, as 0.5.23's greedy loop.
         self.assertEqual(
             [s["admitted"] for s in greedy[0]["per_step"]],
@@ -194,9 +161,9 @@ class TestAdmissionPlanning(_OnTreeCore):
         # peek_prefix's host length is replaced by a value whose every use
         # raises: the plans, admissions and evictions stay the same, so the
         # Rust core's device-only peek_prefix is all the planner needs.
-        (ref,) = self.scenario(SIM, 1, fixes=True, seed=3, **PRESSURE)
+        (ref,) = self.scenario(SIM, 1, seed_flag=True, seed=3, **PRESSURE)
         (r,) = self.scenario(
-            SIM, 1, fixes=True, seed=3, host_len_unused=True, **PRESSURE
+            SIM, 1, seed_flag=True, seed=3, host_len_unused=True, **PRESSURE
         )
         self.assertGreater(r.pop("peek_calls"), 0)
         self.assertEqual(diff_results(_strip([ref]), _strip([r])), [])
@@ -206,7 +173,7 @@ class TestAdmissionPlanning(_OnTreeCore):
             results = self.scenario(
                 SIM,
                 world,
-                fixes=True,
+                seed_flag=True,
                 seed=5,
                 consensus_checker=True,
                 env={"SGLANG_ENABLE_RANK_CONSENSUS_CHECKER": "1"},
@@ -229,7 +196,7 @@ class TestAdmissionPlanning(_OnTreeCore):
         r0, r1 = self.scenario(digest, 2, diverge_rank=1)
         self.assertNotEqual(r0["digest"], r1["digest"])
         # ... and with the checker on, the ranks are stopped.
-        kw = dict(fixes=True, seed=5, diverge_rank=1, **PRESSURE)
+        kw = dict(seed_flag=True, seed=5, diverge_rank=1, **PRESSURE)
         # Stopped by the checker, not by any rank failure: either its report,
         # or its own collective on its dedicated group, which aborts in gloo
         # when the ranks' event counts differ (seen: "20 vs 16 ... collective
@@ -258,12 +225,12 @@ class TestTwoPhaseL3Prefetch(_OnTreeCore):
     def test_flag_off_promises_l3_then_fails_when_the_prefetch_stops_short(self):
         # best_effort stops the prefetch at the first check: 0.5.23 has
         # already promised the L3 span to prefill, so the restore FAILs.
-        r = self._run(fixes=False, policy="best_effort")
+        r = self._run(seed_flag=False, policy="best_effort")
         self.assertEqual((r["admitted_at"], r["l3"], r["promised"]), (0, 256, 256))
         self.assertEqual(r["status"], "failed")
 
     def test_two_phase_waits_for_host_then_promises_only_what_landed(self):
-        r = self._run(fixes=True, policy="wait_complete")
+        r = self._run(seed_flag=True, policy="wait_complete")
         self.assertGreaterEqual(r["admitted_at"], 1)  # held while prefetching
         self.assertEqual((r["l2"], r["l3"], r["promised"]), (256, 0, 256))
         self.assertEqual(r["status"], "ready")
@@ -271,7 +238,7 @@ class TestTwoPhaseL3Prefetch(_OnTreeCore):
         self.assertEqual(r["host_lock_refs"], 0)
 
     def test_two_phase_never_promises_what_did_not_land(self):
-        r = self._run(fixes=True, policy="best_effort")
+        r = self._run(seed_flag=True, policy="best_effort")
         self.assertEqual(r["l3"], 0)
         self.assertEqual(r["promised"], r["l1"] + r["l2"])
         self.assertEqual(r["status"], "ready")
@@ -281,7 +248,7 @@ class TestTwoPhaseL3Prefetch(_OnTreeCore):
     def test_two_phase_under_the_timeout_policy_promises_only_host_rows(self):
         # timeout: the prefetch settles when it completes or its deadline
         # passes; either way only what reached host memory is promised.
-        r = self._run(fixes=True, policy="timeout")
+        r = self._run(seed_flag=True, policy="timeout")
         self.assertGreaterEqual(r["admitted_at"], 1)  # held while prefetching
         self.assertEqual(r["l3"], 0)
         self.assertEqual(r["promised"], r["l1"] + r["l2"])
@@ -298,7 +265,7 @@ class TestTwoPhaseL3Prefetch(_OnTreeCore):
                 L3,
                 2,
                 storage_dir=d,
-                fixes=True,
+                seed_flag=True,
                 policy="wait_complete",
                 env={"SGLANG_ENABLE_RANK_CONSENSUS_CHECKER": "1"},
             )
@@ -322,7 +289,7 @@ class TestAbortCleanup(_OnTreeCore):
                 L3,
                 1,
                 storage_dir=d,
-                fixes=True,
+                seed_flag=True,
                 abort_while_prefetching=True,
             )
         self.assertTrue(r["pending_before_abort"])
@@ -332,7 +299,7 @@ class TestAbortCleanup(_OnTreeCore):
         self.assertEqual(r["host_lock_refs"], 0)
 
     def test_abort_while_restoring_releases_everything(self):
-        (r,) = self.scenario(HOST_SPAN, 1, fixes=True, abort_restoring=True)
+        (r,) = self.scenario(HOST_SPAN, 1, seed_flag=True, abort_restoring=True)
         self.assertEqual(r["status"], "pending")
         self.assertTrue(r["host_locked"])
         self.assertEqual(r["host_lock_refs"], 0)
@@ -363,7 +330,7 @@ class TestAbortCleanup(_OnTreeCore):
         self.assertEqual(r["admitted"], ["r0", "r1", "r2"])
 
     def test_abort_while_queued_releases_everything(self):
-        (r,) = self.scenario(HOST_SPAN, 1, fixes=True, abort_queued=True)
+        (r,) = self.scenario(HOST_SPAN, 1, seed_flag=True, abort_queued=True)
         self.assertEqual(r["admitted"], [])
         self.assertEqual(r["after"], r["start"])
         self.assertEqual(r["host_lock_refs"], 0)
@@ -374,7 +341,7 @@ class TestTreeCoresAgree(unittest.TestCase):
         # Same workload, same plans (digests), admissions and evictions on the
         # Python core (peek_prefix with host lengths) and the Rust core.
         py, rust = (
-            _run(SIM, 1, fixes=True, seed=3, tree_core=c, **PRESSURE)
+            _run(SIM, 1, seed_flag=True, seed=3, tree_core=c, **PRESSURE)
             for c in ("python", "rust")
         )
         self.assertGreater(len(py[0]["plans"]), 0)
@@ -382,10 +349,6 @@ class TestTreeCoresAgree(unittest.TestCase):
 
 
 class TestPeekPrefixRust(TestPeekPrefix):
-    tree_core = "rust"
-
-
-class TestHostSpanLockRust(TestHostSpanLock):
     tree_core = "rust"
 
 

@@ -1,6 +1,7 @@
 """Decode-side HiCache admission against unpatched upstream 0.5.23: the
-failures it fixes reproduce on pristine upstream, and with the feature off the
-patched tree behaves exactly like upstream (``harness.compare``; the scenarios
+failures it and the fixes group fix reproduce on pristine upstream, and with
+the feature off the patched tree behaves exactly like upstream where no fix
+applies (``harness.compare``; the scenarios
 of ``harness.scenarios.decode`` on both radix tree cores).
 """
 
@@ -20,6 +21,16 @@ HOST_SPAN = "harness.scenarios.decode:host_span_restore"
 SIM = "harness.scenarios.decode:admission_sim"
 L3 = "harness.scenarios.decode:l3_two_phase"
 PRESSURE = dict(size=1024, steps=24, arrivals=(1, 4))
+HOST_CHURN = dict(
+    size=1536,
+    hicache_ratio=1.2,
+    host_churn_tokens=512,
+    restore_every=4,
+    steps=20,
+    arrivals=(1, 4),
+    num_prefixes=10,
+    lifetime=(4, 8),
+)
 
 
 def _strip(results):
@@ -36,7 +47,7 @@ class TestAgainstUpstream(unittest.TestCase):
     def both(self, target, l3_dir=False, **kwargs):
         """The scenario, feature off, on upstream and on the patched tree (an
         L3 scenario gets a fresh storage directory per run)."""
-        kwargs.update(tree_core=self.tree_core, fixes=False)
+        kwargs.update(tree_core=self.tree_core, seed_flag=False)
         runs = []
         for which in ("upstream", "patched"):
             with tempfile.TemporaryDirectory() as d:
@@ -47,14 +58,23 @@ class TestAgainstUpstream(unittest.TestCase):
         self.assertNotEqual(up[0]["sglang"]["file"], patched[0]["sglang"]["file"])
         return up, patched
 
-    def test_host_span_restore_fails_upstream_and_flag_off_is_identical(self):
+    def test_host_span_restore_fails_upstream_and_is_locked_flag_off(self):
         # The 0.5.23 failure: only the last device node is locked, host
-        # eviction drops the promised span, the restore FAILs (HTTP 500).
+        # eviction drops the promised span, the restore FAILs (HTTP 500). The
+        # fixes group's host-span lock holds it with every feature off.
         up, patched = self.both(HOST_SPAN)
         self.assertEqual((up[0]["l1"], up[0]["l2"], up[0]["promised"]), (0, 256, 256))
         self.assertEqual(up[0]["host_evicted"], 256)
         self.assertEqual(up[0]["status"], "failed")
-        self.assertEqual(diff_results(_strip(up), _strip(patched)), [])
+        self.assertEqual(patched[0]["host_evicted"], 0)
+        self.assertEqual(patched[0]["status"], "ready")
+        self.assertIs(patched[0]["restored_bytes_equal"], True)
+
+    def test_host_churn_fails_restores_upstream_only(self):
+        for seed in (0, 1):
+            up, patched = self.both(SIM, seed=seed, **HOST_CHURN)
+            self.assertGreater(up[0]["totals"]["failed_restores"], 0, seed)
+            self.assertEqual(patched[0]["totals"]["failed_restores"], 0, seed)
 
     def test_admission_flag_off_identical_to_upstream(self):
         up, patched = self.both(SIM, seed=3, **PRESSURE)
