@@ -1,6 +1,7 @@
 """What every benchmark's JSON records about its run: the command line, the git
 revision, the series label (the wheel's local version label for the committed
-patches) and the machine (no paths)."""
+patches) and the machine (no paths); and where a run's files go: one folder per
+run, ``results/<YYYYMMDDTHHMMZ>-<measurement>/`` (UTC start time)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,6 +67,14 @@ def series_label() -> str:
         return "unknown"
     finally:
         sys.path.remove(str(ROOT / "scripts"))
+
+
+def run_dir(out: str | Path, measurement: str) -> Path:
+    """The run folder ``<out>/<UTC start>-<measurement>/``, created."""
+    stamp = time.strftime("%Y%m%dT%H%MZ", time.gmtime())
+    path = Path(out) / f"{stamp}-{measurement}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def gpu_names(device: str) -> list[str]:

@@ -3,17 +3,16 @@
     python benchmark/results_index.py          # rewrite benchmark/<feature>/README.md tables
     python benchmark/results_index.py --check  # fail when a table is stale
 
-One row per result file in ``benchmark/<feature>/results/`` (date from the file
-name, the script and its arguments, git revision, series label, machine) and,
-in a second table, one per run folder (``results/<run>/``, as the GPU runs are
-stored): the date its JSON records (``recorded_date``: the commit date of
-its revision), the variant (the
-folder's name), revision, series label, machine, key figures and its JSON files.
-Key figures: the median load-back time of each load file over both ranks (the
-first load of each rank dropped), the ratio of ``sharded<suffix>.json`` to
-``replicated<suffix>.json``, the forward gate, the ``ratio_vs_*`` figures
-of probes and the exchange probes' host time and bit-exact cases. The tables sit between two markers in the folder's README.md; a
-tooling test keeps them current.
+Every run is one folder, ``benchmark/<feature>/results/<YYYYMMDDTHHMMZ>-<what>/``
+(UTC start; ``bench_meta.run_dir`` names it), holding its JSON and PNG files.
+One row per run folder: the date from its name, the folder, git revision,
+series label, machine, key figures and the command. Key figures: the median
+load-back time of each load file over both ranks (the first load of each rank
+dropped), the ratio of ``sharded<suffix>.json`` to ``replicated<suffix>.json``,
+the forward gate, the ``ratio_vs_*`` figures of probes and the exchange probes'
+host time and bit-exact cases. The table sits between two markers in the
+folder's README.md; a tooling test keeps it current. Which run is current for
+each measurement the README says by hand, above the table.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 START, END = "<!-- results-table -->", "<!-- /results-table -->"
-_STAMP = re.compile(r"(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})\d{2}Z")
+_STAMP = re.compile(r"^(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})(?:\d{2})?Z-")
 
 
 def _date(name: str) -> str:
@@ -135,16 +134,27 @@ def _folder_machine(loaded: dict[str, dict]) -> str:
     return ", ".join(_distinct(names))
 
 
+def _command(loaded: dict[str, dict]) -> str:
+    """The run's command, or its scripts where the files come from several."""
+    commands = _distinct(
+        re.sub(r"^\S*python\S*\s+", "", str(d.get("command", "")))
+        for d in loaded.values()
+    )
+    if len(commands) == 1:
+        return f"`{commands[0]}`"
+    scripts = _distinct(Path(c.split()[0]).name for c in commands)
+    return ", ".join(
+        f"`{s}` ×{sum(c.split()[0].endswith(s) for c in commands)}" for s in scripts
+    )
+
+
 def folder_rows(results: Path) -> list[str]:
     folders = sorted(p for p in results.iterdir() if p.is_dir())
-    if not folders:
-        return []
     out = [
+        "Load figures: median load-back over both ranks, the first load of each "
+        "dropped.",
         "",
-        "Run folders (date: the commit date of the recorded revision; load figures: median "
-        "load-back over both ranks, the first load of each dropped):",
-        "",
-        "| Date | Variant | Revision | Series label | Machine | Key figures | JSON |",
+        "| Date | Run | Revision | Series label | Machine | Key figures | Command |",
         "|---|---|---|---|---|---|---|",
     ]
     for folder in folders:
@@ -153,48 +163,24 @@ def folder_rows(results: Path) -> list[str]:
         }
         revs = _distinct(str(d.get("git_revision", "")) for d in loaded.values())
         labels = _distinct(d.get("series_label") for d in loaded.values())
-        files = ", ".join(
-            f"[`{name}`](results/{folder.name}/{name})" for name in loaded
+        machine = _folder_machine(loaded) or ", ".join(
+            _distinct(_machine(d) for d in loaded.values())
         )
         cells = (
-            ", ".join(_distinct(d.get("recorded_date") for d in loaded.values())),
+            _date(folder.name),
             f"[`{folder.name}`](results/{folder.name}/)",
             ", ".join(r[:8] for r in revs),
             ", ".join(labels),
-            _folder_machine(loaded),
+            machine,
             _figures(loaded),
-            files,
+            _command(loaded),
         )
         out.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return out
 
 
 def rows(feature: Path) -> list[str]:
-    results = feature / "results"
-    out = [
-        "| Date | Result | Command | Revision | Series label | Machine |",
-        "|---|---|---|---|---|---|",
-    ]
-    for path in sorted(results.glob("*.json")):
-        data = json.loads(path.read_text())
-        command = data.get("command", "")
-        command = re.sub(r"^\S*python\S*\s+", "", command)
-        out.append(
-            "| "
-            + " | ".join(
-                _cell(c)
-                for c in (
-                    _date(path.name),
-                    f"[`{path.name}`](results/{path.name})",
-                    f"`{command}`" if command else "",
-                    str(data.get("git_revision", ""))[:8],
-                    data.get("series_label"),
-                    _machine(data),
-                )
-            )
-            + " |"
-        )
-    return out + folder_rows(results)
+    return folder_rows(feature / "results")
 
 
 def readme_text(feature: Path) -> str:

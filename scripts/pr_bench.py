@@ -1,6 +1,7 @@
 """The benchmark part of ``make pr``'s PR.md: tables of figures read from the
-committed benchmark JSON (the newest result file of each kind), each naming
-its file and the git revision it was measured at."""
+committed benchmark JSON (the newest run folder of each kind: their names start
+with the UTC start time), each naming its file and the git revision it was
+measured at."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def _f(value, digits=3) -> str:
 
 def routing() -> str:
     parts = []
-    live = _latest("cache_aware_routing", "bench_live_routing_full_*.json")
+    live = _latest("cache_aware_routing", "*-live-routing/bench_live_routing.json")
     if live:
         data = json.loads(live.read_text())
         rows = []
@@ -73,7 +74,7 @@ def routing() -> str:
                 rows,
             )
         )
-    sim = _latest("cache_aware_routing", "bench_routing_quick_*.json")
+    sim = _latest("cache_aware_routing", "*-routing-quick/bench_routing.json")
     if sim:
         data = json.loads(sim.read_text())
         rows = []
@@ -112,7 +113,7 @@ def routing() -> str:
 
 
 def decode() -> str:
-    path = _latest("decode_hicache", "bench_decode_admission_*.json")
+    path = _latest("decode_hicache", "*-decode-admission/bench_decode_admission.json")
     if not path:
         return ""
     data = json.loads(path.read_text())
@@ -144,8 +145,8 @@ def decode() -> str:
 
 
 def rank_shard() -> str:
-    path = BENCH / "hicache_rank_shard" / "results" / "bench_rank_shard.json"
-    if not path.is_file():
+    path = _latest("hicache_rank_shard", "*-rank-shard/bench_rank_shard.json")
+    if not path:
         return ""
     data = json.loads(path.read_text())
     rows = [

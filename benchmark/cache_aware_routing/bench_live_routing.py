@@ -63,7 +63,7 @@ ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmark"))
 
-from bench_meta import run_metadata  # noqa: E402
+from bench_meta import run_dir, run_metadata  # noqa: E402
 
 from harness.live_server import HICACHE_ARGS, LiveServer, assert_all_gone  # noqa: E402
 from harness.live_workloads import run_bursts, run_conversations  # noqa: E402
@@ -327,8 +327,6 @@ def main():
     _print(runs, servers, series, args.dp)
 
     os.makedirs(args.out, exist_ok=True)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    tag = "quick" if args.quick else "full"
     meta = {
         **run_metadata(),
         "series": series,
@@ -350,7 +348,10 @@ def main():
         "servers": servers,
         "runs": runs,
     }
-    path = Path(args.out) / f"bench_live_routing_{tag}_{stamp}.json"
+    path = (
+        run_dir(args.out, "live-routing" + ("-quick" if args.quick else ""))
+        / "bench_live_routing.json"
+    )
     path.write_text(json.dumps(meta, indent=2))
     png = path.with_suffix(".png")
     _plot(runs, [p for p, _ in policies], png, series, args.dp)

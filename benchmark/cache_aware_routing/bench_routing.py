@@ -74,7 +74,7 @@ ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmark"))
 
-from bench_meta import run_metadata  # noqa: E402
+from bench_meta import run_dir, run_metadata  # noqa: E402
 
 PAGE = 16
 PREFILL_TPS = 20000.0  # prefill tokens per second per rank
@@ -702,8 +702,6 @@ def main():
             _print(dp, workload, rows, floor_us)
 
     os.makedirs(args.out, exist_ok=True)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    tag = "quick" if args.quick else "full"
     meta = {
         **run_metadata(),
         "params": {
@@ -719,7 +717,10 @@ def main():
         },
         "runs": runs,
     }
-    path = Path(args.out) / f"bench_routing_{tag}_{stamp}.json"
+    path = (
+        run_dir(args.out, "routing" + ("-quick" if args.quick else ""))
+        / "bench_routing.json"
+    )
     path.write_text(json.dumps(meta, indent=2))
     png = path.with_suffix(".png")
     _plot(runs, png)

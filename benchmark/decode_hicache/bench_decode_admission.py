@@ -39,7 +39,7 @@ ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmark"))
 
-from bench_meta import run_metadata  # noqa: E402
+from bench_meta import run_dir, run_metadata  # noqa: E402
 
 from harness.compare import run_scenario  # noqa: E402
 
@@ -239,8 +239,6 @@ def main():
     _print_l3(l3)
 
     os.makedirs(args.out, exist_ok=True)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    tag = "quick" if args.quick else "full"
     meta = {
         **run_metadata(),
         "params": {"seeds": seeds, "steps": steps, "configs": CONFIGS},
@@ -248,7 +246,10 @@ def main():
         "l3": l3,
         "wall_s": time.perf_counter() - t0,
     }
-    path = Path(args.out) / f"bench_decode_admission_{tag}_{stamp}.json"
+    path = (
+        run_dir(args.out, "decode-admission" + ("-quick" if args.quick else ""))
+        / "bench_decode_admission.json"
+    )
     path.write_text(json.dumps(meta, indent=2))
     png = path.with_suffix(".png")
     _plot(adm, l3, png)

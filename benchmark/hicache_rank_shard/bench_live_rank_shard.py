@@ -17,7 +17,7 @@ per rank per loaded token, and the sharded / replicated ratio of the latter (the
 geometry says 1/2 at TP=2 with 4 layers: each rank copies only the layers it
 owns; the rest arrive in the owner's broadcast).  The table is printed; the JSON
 (run metadata with the git revision and series label, the parameters, summaries
-and per-request records) and a PNG go to ``--out`` (default ``results/``).
+and per-request records) and a PNG go to ``--out`` (default ``results/``; one folder per run).
 
 Run: ``.venv/bin/python benchmark/hicache_rank_shard/bench_live_rank_shard.py``
 (two pairs of server starts, a few minutes on 2 cores).
@@ -40,7 +40,7 @@ ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmark"))
 
-from bench_meta import run_metadata  # noqa: E402
+from bench_meta import run_dir, run_metadata  # noqa: E402
 
 from harness import load_record  # noqa: E402
 from harness.live_server import HICACHE_ARGS, LiveServer, assert_all_gone  # noqa: E402
@@ -228,8 +228,7 @@ def main(argv: list[str]) -> int:
     rows = summarize(runs)
     print_table(rows)
     args.out.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    stem = args.out / f"bench_live_rank_shard_{stamp}"
+    stem = run_dir(args.out, "live-rank-shard") / "bench_live_rank_shard"
     meta = run_metadata()
     data = dict(
         **meta,

@@ -11,7 +11,7 @@
 3. GPU: the JSON files of ``gpu_tp_run.py`` runs (``--gpu-results DIR``),
    sharded / replicated load-back and write-back time.
 
-Prints a table, writes results/bench_rank_shard.json and .png.
+Prints a table, writes results/<run>/bench_rank_shard.json and .png.
 
     .venv/bin/python benchmark/hicache_rank_shard/bench_rank_shard.py [--quick]
 """
@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmark"))
-from bench_meta import run_metadata  # noqa: E402
+from bench_meta import run_dir, run_metadata  # noqa: E402
 
 LAYERS = 61
 KV_ROW, IX_ROW = 656, 132
@@ -294,16 +294,16 @@ def main():
                 f"{g['d2h_ratio']:>9.3f} {g['sharded_mismatches']:>8} "
                 f"{g['sharded_submit_ms'] or float('nan'):>13.1f}"
             )
-    args.out.mkdir(parents=True, exist_ok=True)
+    out = run_dir(args.out, "rank-shard")
     record = dict(
         **run_metadata(),
         geometry=geo,
         cpu=cpu,
         gpu=gpu,
     )
-    (args.out / "bench_rank_shard.json").write_text(json.dumps(record, indent=1))
-    _plot(geo, cpu, gpu, args.out / "bench_rank_shard.png")
-    print(f"\nwrote {args.out / 'bench_rank_shard.json'} and .png")
+    (out / "bench_rank_shard.json").write_text(json.dumps(record, indent=1))
+    _plot(geo, cpu, gpu, out / "bench_rank_shard.png")
+    print(f"\nwrote {out / 'bench_rank_shard.json'} and .png")
 
 
 def _plot(geo, cpu, gpu, path):

@@ -34,3 +34,11 @@ def test_bundled_record_only_where_asked(tmp_path, monkeypatch):
     record.unlink()
     with pytest.raises(RuntimeError, match="SGL_BENCH_BUNDLED=1 but"):
         bench_meta.git_revision()
+
+
+def test_run_dir_is_one_folder_per_run(tmp_path):
+    import re
+
+    path = bench_meta.run_dir(tmp_path / "results", "routing-quick")
+    assert path.is_dir() and path.parent == tmp_path / "results"
+    assert re.fullmatch(r"\d{8}T\d{4}Z-routing-quick", path.name), path.name

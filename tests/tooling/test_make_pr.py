@@ -34,7 +34,7 @@ def test_pr_md_benchmark_tables_come_from_the_committed_json(sandbox):
         assert section in pr
     assert "See the series README" not in pr
     results = ROOT / "benchmark" / "cache_aware_routing" / "results"
-    live = sorted(results.glob("bench_live_routing_full_*.json"))[-1]
+    live = sorted(results.glob("*-live-routing/bench_live_routing.json"))[-1]
     data = json.loads(live.read_text())
     assert str(live.relative_to(ROOT)) in pr
     for run in data["runs"]:

@@ -2,6 +2,7 @@
 result JSON (benchmark/results_index.py); it must be current."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -16,11 +17,29 @@ def test_results_tables_are_current():
     )
     assert proc.returncode == 0, proc.stderr
     for feature in ("cache_aware_routing", "decode_hicache", "hicache_rank_shard"):
+        results = ROOT / "benchmark" / feature / "results"
+        assert results.is_dir()
+        # One convention: every result file lies in a run folder named
+        # <YYYYMMDDTHHMMZ>-<measurement>/.
+        assert not [p.name for p in results.iterdir() if p.is_file()], feature
+        for folder in results.iterdir():
+            assert re.fullmatch(r"\d{8}T\d{4}Z-[a-z0-9][a-z0-9-]*", folder.name), folder
+            assert list(folder.glob("*.json")), folder
+
+
+def test_current_results_name_existing_runs():
+    """Each benchmark README says which run is current for each measurement,
+    above the generated table, naming run folders that exist."""
+    for feature in ("cache_aware_routing", "decode_hicache", "hicache_rank_shard"):
         readme = (ROOT / "benchmark" / feature / "README.md").read_text()
-        results = sorted((ROOT / "benchmark" / feature / "results").glob("*.json"))
-        assert results
-        for path in results:
-            assert f"(results/{path.name})" in readme, path.name
+        assert "## Current results" in readme, feature
+        current = readme.split("## Current results", 1)[1].split(
+            "<!-- results-table", 1
+        )[0]
+        named = set(re.findall(r"\(results/([^/)]+)/", current))
+        assert named, feature
+        for name in named:
+            assert (ROOT / "benchmark" / feature / "results" / name).is_dir(), name
 
 
 def _results_index():
@@ -48,7 +67,7 @@ def test_run_folder_json_carries_revision_and_series_label():
 
 def test_run_folder_row_has_key_figures(tmp_path):
     index = _results_index()
-    run = tmp_path / "results" / "h200x2-example"
+    run = tmp_path / "results" / "20261129T2326Z-h200x2-example"
     run.mkdir(parents=True)
 
     def record(mode, loads):
@@ -68,8 +87,8 @@ def test_run_folder_row_has_key_figures(tmp_path):
     rows = index.folder_rows(tmp_path / "results")
     row = next(r for r in rows if "h200x2-example" in r)
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[0] == "–"  # no such commit: no date
+    assert cells[0] == "2026-11-29 23:26Z"  # from the folder's name
     assert cells[2:5] == ["00000000", "patched.0000abcd", "2× NVIDIA H200"]
     assert "replicated 100.0 ms; sharded 55.0 ms" in cells[5]
     assert "sharded / replicated **0.550**" in cells[5]
-    assert "(results/h200x2-example/sharded.json)" in cells[6]
+    assert cells[6] == "–"  # these records name no command
