@@ -64,6 +64,37 @@ def disable_exchange(cc) -> None:
     cc.rank_shard.exchange.exchange_layer = no_exchange
 
 
+def _l3_page_access(controller, *host_pools) -> dict | None:
+    """Which L3 page accessors each host pool of a sharded stack refuses (by
+    name of the pool's class), and whether attaching a storage backend is
+    refused; None on an unsharded stack, whose accessors are left alone."""
+    from sglang.srt.mem_cache.hicache_rank_shard.host_pools import L3_PAGE_ACCESSORS
+
+    pools = {}
+    for pool in host_pools:
+        if pool is None:
+            continue
+        has, refused = [], []
+        for name in L3_PAGE_ACCESSORS:
+            if not hasattr(pool, name):
+                continue
+            has.append(name)
+            try:
+                getattr(pool, name)(0)
+            except AssertionError as e:
+                if "rank-sharded" in str(e):
+                    refused.append(name)
+            except Exception:  # an upstream accessor given a bare index
+                pass
+        pools[type(pool).__name__] = dict(has=has, refused=refused)
+    try:
+        controller.attach_storage_backend("file")
+        attach = None
+    except ValueError as e:
+        attach = str(e)
+    return dict(pools=pools, attach_storage_backend=attach)
+
+
 def _extra(model: str = "dsa"):
     from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
 
@@ -225,6 +256,11 @@ def sharded_roundtrip(
             events.append(("evict_host", node_id))
     trace = normalize_trace(kvcacheio.stop_trace(), names)
     dist.barrier()
+    l3 = (
+        _l3_page_access(cc, stack.kv_host, stack.indexer_host)
+        if shard is not None
+        else None
+    )
     return dict(
         rank=rank,
         sglang=sglang_identity(),
@@ -251,6 +287,7 @@ def sharded_roundtrip(
         broadcasts=len(broadcasts),
         **_wire_bytes(broadcasts, dist.get_rank()),
         log=log,
+        l3_page_access=l3,
     )
 
 
@@ -338,6 +375,11 @@ def gate_paths(rank: int, world_size: int) -> dict:
     cc, alloc = stack.controller, stack.allocator
     cc.load_fence_stream = torch.cpu.current_stream()
     gate = cc.rank_shard.gate
+    # One gate: the controller's accessor (what the scheduler reads) and the
+    # layer counter the hybrid controller rebuilt both hand out the context's.
+    one_gate = (
+        cc.rank_shard_gate is gate and cc.layer_done_counter.rank_shard_gate is gate
+    )
     waits: list = []
     sglang_utils.get_device_module = lambda: SimpleNamespace(
         current_stream=lambda: _RecordingStream("current", waits)
@@ -364,6 +406,7 @@ def gate_paths(rank: int, world_size: int) -> dict:
     waits.clear()
     stopped_plain = _run_batch_until_gate(gate, overlap=False, waits=waits)
     return dict(
+        one_gate=one_gate,
         gate_is_last_ack_finish=is_last,
         gate_replaced_by_second_load=replaced,
         last_event_id=id(second),

@@ -182,6 +182,21 @@ class _ShardedRun:
         for r in self.results:
             self.assertEqual(r["broadcasts"], loads * per_load, f"rank {r['rank']}")
 
+    def test_sharded_pools_refuse_l3_page_access_by_class(self):
+        # Every L3 page accessor of a sharded pool raises (its class replaces
+        # them: nothing is written onto a live pool), and so does attaching an
+        # L3 backend at runtime.
+        names = {"RankShardedMLATokenToKVPoolHost"}
+        if self.MODEL == "dsa":
+            names.add("RankShardedDSAIndexerPoolHost")
+        for r in self.results:
+            l3 = r["l3_page_access"]
+            self.assertEqual(set(l3["pools"]), names)
+            for pool in l3["pools"].values():
+                self.assertGreaterEqual(len(pool["has"]), 7)
+                self.assertEqual(pool["refused"], pool["has"])
+            self.assertIn("rank-sharded", l3["attach_storage_backend"])
+
     def test_periodic_log_reports_this_ranks_counts(self):
         events = self.results[0]["events"]
         loads = sum(1 for e in events if e[0] == "load" and isinstance(e[2], list))

@@ -167,6 +167,10 @@ class TestRealGatePaths(unittest.TestCase):
             gate_paths, 2, timeout=900, env={"SGLANG_ENABLE_HICACHE_RANK_SHARD": "1"}
         )
 
+    def test_scheduler_and_layer_counter_get_the_contexts_gate(self):
+        for r in self.results:
+            self.assertTrue(r["one_gate"])
+
     def test_start_loading_publishes_the_exchange_finish_event(self):
         for r in self.results:
             self.assertTrue(r["gate_is_last_ack_finish"])
