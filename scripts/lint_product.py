@@ -4,6 +4,7 @@
     python3 scripts/lint_product.py                # build/src against its upstream tag
     python3 scripts/lint_product.py --report FILE  # also write the full diffs to FILE
     python3 scripts/lint_product.py --pristine     # the changed files as the release has them
+    python3 scripts/lint_product.py --fix          # apply isort, ruff format, ruff --fix
 
 Runs upstream SGLang 0.5.23's pre-commit linters, at its versions
 (requirements/lint-upstream.txt, venv build/lint-upstream) and with its settings
@@ -15,8 +16,10 @@ copies of the changed files pass every one of these tools (``--pristine``
 checks that, tests/tooling/test_lint_product.py keeps it so).
 
 ``make lint`` runs it on build/src; ``make pr-check`` (scripts/pr_check.py) on
-the PR's tree, the files its patches add or change. A failure names each file
-and tool, with the change the formatter would make.
+the PR's tree: the files its patches add or change and the test files it
+carries. A failure names each file and tool, with the change the formatter
+would make. ``--fix`` rewrites the files in place (then commit them as fixups
+of their patches); the license header and spelling stay to be done by hand.
 """
 
 from __future__ import annotations
@@ -178,12 +181,17 @@ def _headers(tree: Path, new: list[str]) -> list[Finding]:
     return out
 
 
-def format_files(root: Path, files: list[str]) -> None:
+def format_files(root: Path, files: list[str], fix: bool = False) -> None:
     """isort and ``ruff format`` with upstream's settings over ``files``
-    (relative to ``root``), in place."""
+    (relative to ``root``), in place; with ``fix`` first ``ruff check --fix``
+    (unused imports, quoted annotations; what it cannot fix, lint reports)."""
+    ruff = [_tool("ruff"), "--config", str(CONFIG / "ruff.toml"), "--no-cache", "-q"]
+    if fix:
+        checked = [f for f in files if Path(f).name != "__init__.py"]
+        if checked:
+            _run(root, [ruff[0], "check", "--fix", *ruff[1:], *checked])
     isort = [_tool("isort"), "--settings-file", str(CONFIG / "isort.cfg"), "-q"]
-    ruff = [_tool("ruff"), "format", "--config", str(CONFIG / "ruff.toml")]
-    for argv in (isort, ruff + ["--no-cache", "-q"]):
+    for argv in (isort, [ruff[0], "format", *ruff[1:]]):
         proc = _run(root, argv + files)
         if proc.returncode != 0:
             raise ToolError(f"{Path(argv[0]).name} failed:\n{proc.stderr[-2000:]}")
@@ -232,6 +240,11 @@ def main() -> None:
     parser.add_argument("--base", default=UPSTREAM_TAG)
     parser.add_argument("--report", type=Path)
     parser.add_argument(
+        "--fix",
+        action="store_true",
+        help="rewrite the files with isort, ruff check --fix and ruff format",
+    )
+    parser.add_argument(
         "--pristine",
         action="store_true",
         help="check the base's own copies of the changed files instead",
@@ -250,6 +263,8 @@ def main() -> None:
             what = f"{len(changed)} changed file(s) as {args.base} has them"
             report(lint(Path(scratch), changed), what, args.report)
         return
+    if args.fix:
+        format_files(args.tree, [f for f in files if (args.tree / f).is_file()], True)
     what = f"{len(files)} file(s) the series adds or changes in {args.tree}"
     report(lint(args.tree, files, new), what, args.report)
 

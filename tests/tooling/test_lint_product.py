@@ -4,6 +4,7 @@ product files a series adds or changes. A clean tree passes; each kind of
 defect fails, naming the file and the tool; the release's own copies of the
 files the series changes pass, so whole files are checked."""
 
+import re
 import subprocess
 import sys
 
@@ -96,6 +97,16 @@ def tree(tmp_path):
     _git(root, "add", "-A")
     _git(root, "commit", "-q", "-m", "series")
     return root
+
+
+TOOL_LINE = re.compile(
+    r"^\S+: (isort|ruff format|ruff check|codespell|license header)$"
+)
+
+
+def _named(stderr):
+    """The ``<file>: <tool>`` lines of a failing run."""
+    return [line for line in stderr.splitlines() if TOOL_LINE.match(line)]
 
 
 def _lint(tree, *args):
@@ -233,3 +244,14 @@ def test_the_release_passes_on_every_file_the_series_changes():
     changed = [f for f in files if f not in new]
     assert len(changed) > 10
     assert lint_product.lint(pristine, changed) == []
+
+
+def test_fix_rewrites_what_the_tools_can_and_leaves_the_rest(tree):
+    module = tree / "sglang" / "srt" / "managers" / "budget.py"
+    text = module.read_text().replace("import os\n", "import os\nimport re\n")
+    module.write_text(text.replace("import torch\n\nfrom", "import torch\nfrom") + "\n")
+    new = tree / "sglang" / "srt" / "managers" / "shard.py"
+    new.write_text(NEW.removeprefix(HEADER))
+    proc = _lint(tree, "--fix")
+    assert module.read_text() == CHANGED
+    assert _named(proc.stderr) == ["sglang/srt/managers/shard.py: license header"]
