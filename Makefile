@@ -16,6 +16,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 TOOLS := build/tools
+LINT_UPSTREAM := build/lint-upstream
 export PYTHON_TAG WHEEL_PLATFORM LABEL FORCE GROUP
 
 PORT ?= 30000
@@ -41,10 +42,20 @@ $(TOOLS)/.stamp: requirements/tools.txt
 	touch $@
 
 # Applies the series first when build/src is missing or older than the series.
-wheel: $(TOOLS)/.stamp
-	@if [ ! -d build/src/.git ] || [ -n "$$(find patches -newer build/src/.git/HEAD -print -quit)" ]; then \
+APPLY_IF_STALE = if [ ! -d build/src/.git ] || [ -n "$$(find patches -newer build/src/.git/HEAD -print -quit)" ]; then \
 		$(PYTHON) scripts/series.py apply || exit $$?; fi
+
+wheel: $(TOOLS)/.stamp
+	@$(APPLY_IF_STALE)
 	$(TOOLS)/bin/python scripts/build_wheel.py
+
+# Upstream SGLang 0.5.23's own linters (isort, ruff, codespell at its versions),
+# for the product files (scripts/lint_product.py); apart from .venv, whose
+# isort and ruff lint this repository's code at other versions.
+$(LINT_UPSTREAM)/.stamp: requirements/lint-upstream.txt
+	$(PYTHON) -m venv $(LINT_UPSTREAM)
+	$(LINT_UPSTREAM)/bin/python -m pip install -q --no-cache-dir -r requirements/lint-upstream.txt
+	touch $@
 
 # --no-cache-dir: the venv is the only copy (CI's disk is small).  The
 # torchvision stand-in hook only acts where torchvision's C++ ops cannot load
@@ -76,11 +87,15 @@ model: venv
 serve-cpu: install model
 	$(VENV)/bin/python scripts/cpu_server.py --port $(PORT) --model $(MODEL) -- $(SERVER_ARGS)
 
-lint: venv
+# This repository's code with .venv's linters, then every product file the
+# series adds or changes (build/src, applied first when stale) with upstream's.
+lint: venv $(LINT_UPSTREAM)/.stamp
 	$(VENV)/bin/python -m black --check scripts tests benchmark
 	$(VENV)/bin/python -m isort --check-only scripts tests benchmark
 	$(VENV)/bin/python -m ruff check scripts tests benchmark
 	$(VENV)/bin/codespell scripts tests benchmark README.md docs
+	@$(APPLY_IF_STALE)
+	$(PYTHON) scripts/lint_product.py
 
 pytest: sysdeps install model
 	$(VENV)/bin/python -m pytest tests $(PYTEST_ARGS)
@@ -124,14 +139,15 @@ series-table:
 	$(PYTHON) scripts/headers.py table
 
 # Extract one feature group as an upstream PR into build/pr/<feature>/.
-# make pr formats the extracted tests with the venv's isort/black.
-pr: venv
+# make pr formats the extracted tests with upstream's isort and ruff format.
+pr: venv $(LINT_UPSTREAM)/.stamp
 	@test -n "$(FEATURE)" || { echo "usage: make pr FEATURE=<series group>" >&2; exit 2; }
 	$(VENV)/bin/python scripts/make_pr.py $(FEATURE)
 
 # The PR's tests as upstream's CPU CI runs them, on the pinned release with
-# that PR alone (build/pr-check/<feature>).
-pr-check: venv
+# that PR alone (build/pr-check/<feature>), and upstream's linters on the files
+# the PR adds or changes.
+pr-check: venv $(LINT_UPSTREAM)/.stamp
 	@test -n "$(FEATURE)" || { echo "usage: make pr-check FEATURE=<series group>" >&2; exit 2; }
 	$(VENV)/bin/python scripts/pr_check.py $(FEATURE)
 

@@ -41,6 +41,7 @@ from common import (  # noqa: E402
     run_main,
 )
 from headers import SERIES_FIELDS, patch_header  # noqa: E402
+from lint_product import format_files  # noqa: E402
 from pr_bench import benchmark_section  # noqa: E402
 from pr_tests import extract  # noqa: E402
 
@@ -130,7 +131,7 @@ def make_pr(feature: str, author: str | None = None) -> Path:
         + "Run each as CPU CI does: `python3 test_<name>.py` in its folder.\n\n"
         "## Benchmarking and Profiling\n\n" + benchmark_section(feature) + "\n"
         "## Checklist\n\n"
-        "- [x] Format your code with pre-commit (black, isort, ruff, codespell)\n"
+        "- [x] Format your code with pre-commit (isort, ruff, ruff format, codespell)\n"
         "- [x] Add unit tests (above)\n"
         "- [ ] Update documentation (server arguments / environment variables)\n"
         "- [x] Provide accuracy and speed benchmark results (above)\n"
@@ -142,18 +143,9 @@ def make_pr(feature: str, author: str | None = None) -> Path:
 
 
 def _format(root: Path, files) -> None:
-    """isort + black (upstream's pre-commit) over the extracted test files:
-    renamed imports move into upstream's order."""
-    paths = [str(root / rel) for rel in files]
-    for tool in (["isort", "--profile", "black", "-q"], ["black", "-q"]):
-        proc = subprocess.run(
-            [sys.executable, "-m", *tool, *paths], capture_output=True, text=True
-        )
-        if proc.returncode != 0:
-            raise ToolError(
-                f"{tool[0]} failed on the PR's tests (make pr runs in the test "
-                f"venv, which has it):\n{proc.stderr}"
-            )
+    """Upstream's isort and ruff format (scripts/lint_product.py) over the
+    extracted test files: renamed imports move into upstream's order."""
+    format_files(root, sorted(files))
 
 
 def carry_alone(entries: list[str]) -> dict[str, str]:

@@ -37,12 +37,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import BUILD, ToolError, group_needs, read_series, run_main  # noqa: E402
-from make_pr import (  # noqa: E402
-    apply_each,
-    apply_stacked_on,
-    copy_pristine,
-    make_pr,
-)
+from lint_product import lint, patch_files  # noqa: E402
+from make_pr import apply_each, apply_stacked_on, copy_pristine, make_pr  # noqa: E402
 from pr_tests import (  # noqa: E402
     cpu_registration,
     feature_tests,
@@ -182,9 +178,36 @@ def pr_check(feature: str) -> list[tuple[str, str, float, str]]:
                         rows.append(_run_test(layout, path, env, f" (up to {prefix})"))
 
         apply_each(out, entries, layout, after_each)
+    rows.append(_lint(out, entries, layout))
     for path in tests:
         rows.append(_run_test(layout, path, env))
     return rows
+
+
+LINT = "lint"  # the suite column of the lint row
+
+
+def _lint(out: Path, entries: list[str], layout: Path):
+    """Upstream's linters (scripts/lint_product.py) on the PR's tree: the
+    files its own patches add or change (the new modules need upstream's
+    license header) and the test files it carries."""
+    files, new = patch_files([out / Path(name).name for name in entries])
+    carried = sorted(
+        str(p.relative_to(out / "tests")) for p in (out / "tests").rglob("*.py")
+    )
+    start = time.monotonic()
+    findings = lint(layout, files + [f for f in carried if f not in files], new)
+    result = "pass" if not findings else f"FAIL ({len(findings)} finding(s))"
+    row = (
+        "upstream's linters on the PR's files",
+        LINT,
+        time.monotonic() - start,
+        result,
+    )
+    print(f"{result:>14}  {row[2]:6.1f} s  {row[1]}  {row[0]}", flush=True)
+    for f in findings:
+        print(f"{f.path}: {f.tool}\n{f.detail}", file=sys.stderr)
+    return row
 
 
 def _time_limit(registration: dict) -> float:
@@ -255,8 +278,10 @@ def main() -> None:
     if len(sys.argv) != 2:
         raise ToolError("usage: pr_check.py <feature group>")
     rows = pr_check(sys.argv[1])
+    runs = [r for r in rows if r[1] != LINT]
     failed = [r for r in rows if r[3] != "pass"]
-    print(f"{len(rows) - len(failed)} of {len(rows)} PR test runs pass upstream-style")
+    passed = len([r for r in runs if r[3] == "pass"])
+    print(f"{passed} of {len(runs)} PR test runs pass upstream-style")
     if failed:
         raise ToolError("failed upstream-style: " + ", ".join(r[0] for r in failed))
 
