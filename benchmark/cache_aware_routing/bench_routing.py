@@ -257,7 +257,7 @@ class Ours(Policy):
     controller = "process"
 
     def __init__(self, ranks, chunk=256, max_extra=16):
-        from sglang.srt.managers.prefix_digest import PrefixDigestTracker
+        from sglang.srt.managers.dp_routing.tracker import PrefixDigestTracker
 
         super().__init__(ranks)
         self.now = 0.0
@@ -275,7 +275,7 @@ class Ours(Policy):
         self.trackers[rank].apply(events)
 
     def choose(self, req, now):
-        from sglang.srt.managers.prefix_digest import CacheDigest
+        from sglang.srt.managers.dp_routing.digest import CacheDigest
 
         self.now = now
         payloads = []
@@ -325,7 +325,7 @@ class _InlineController:
     so that ``replay`` can route the same stream again in a fresh router."""
 
     def __init__(self, dp, max_extra, pending_ttl):
-        from sglang.srt.managers.cache_aware_router import CacheAwareRouter
+        from sglang.srt.managers.dp_routing.router import CacheAwareRouter
 
         self.args = (dp, max_extra, pending_ttl)
         self.dp = dp
@@ -350,7 +350,8 @@ class _InlineController:
     def _route(self, body):
         """Route one logged call (the controller process and replays call
         this directly: they keep no log)."""
-        from sglang.srt.managers.prefix_digest import CacheDigest
+        from sglang.srt.managers.dp_routing.digest import CacheDigest
+        from sglang.srt.managers.dp_routing.request import RoutedRequest
 
         self.now, payloads, prompt, requests, tokens = body
         self.budget.total_requests[:] = requests
@@ -358,7 +359,8 @@ class _InlineController:
         t0 = time.perf_counter()
         for payload in payloads:
             self.router.update_digest(CacheDigest.decode(payload))
-        rank, _ = self.router.select(_ReqView(prompt), self.budget, range(self.dp))
+        request = RoutedRequest(prompt)  # a list, as in TokenizedGenerateReqInput
+        rank = self.router.select(request, self.budget, range(self.dp)).rank
         return rank, time.perf_counter() - t0
 
     def replay(self):
@@ -461,13 +463,6 @@ class OursNoPending(Ours):
     pending_ttl = 0.0
 
 
-class _ReqView:
-    def __init__(self, prompt):
-        self.input_ids = prompt  # a list, as in TokenizedGenerateReqInput
-        self.input_embeds = self.mm_inputs = self.session_params = None
-        self.extra_key = self.lora_id = self.lora_name = self.cache_salt = None
-
-
 def _page_keys(tokens):
     """Chained page keys (SMG keeps characters in a radix tree; a chain of page
     digests gives the same longest-prefix answer for token sequences)."""
@@ -529,7 +524,7 @@ class Dynamo(Policy):
     host_weight = 0.75
 
     def __init__(self, ranks):
-        from sglang.srt.managers.prefix_digest import PrefixDigestTracker
+        from sglang.srt.managers.dp_routing.tracker import PrefixDigestTracker
 
         super().__init__(ranks)
         self.trackers = [PrefixDigestTracker(PAGE, PAGE) for _ in ranks]
@@ -541,7 +536,7 @@ class Dynamo(Policy):
     def _block_sets(self, i):
         """Rank ``i``'s (GPU, host) block keys, unpacked again only when
         its tracker rebuilt them."""
-        from sglang.srt.managers.prefix_digest import unpack_hashes
+        from sglang.srt.managers.dp_routing.digest import unpack_hashes
 
         built = self.trackers[i].build()
         if self.sets[i] is None or self.sets[i][0] is not built:
@@ -549,11 +544,12 @@ class Dynamo(Policy):
         return self.sets[i][1:]
 
     def choose(self, req, now):
-        from sglang.srt.managers.prefix_digest import (
+        from sglang.srt.managers.dp_routing.chunk_keys import (
             RequestChunks,
             RequestNamespace,
-            estimate_prefix_match,
         )
+
+        from harness.dp_routing_fixtures import estimate_prefix_match
 
         chunks = RequestChunks(req.prompt, PAGE, PAGE, RequestNamespace())
         blocks = len(req.prompt) / PAGE
@@ -612,7 +608,9 @@ class Result:
         }
 
 
-def simulate(policy_cls, trace, dp, kv_tokens, host_ratio):
+def simulate(policy_cls, trace, dp, kv_tokens, host_ratio, decisions=None):
+    """The policy's summary row; ``decisions`` (a list) gets the chosen rank
+    of every request."""
     ranks = [Rank(kv_tokens, host_ratio) for _ in range(dp)]
     policy = policy_cls(ranks)
     res = Result(policy.name)
@@ -623,6 +621,8 @@ def simulate(policy_cls, trace, dp, kv_tokens, host_ratio):
         t0 = time.perf_counter()
         rank = policy.choose(req, now)
         elapsed = time.perf_counter() - t0
+        if decisions is not None:
+            decisions.append(rank)
         res.controller_s += (
             policy.controller_s - before if policy.self_timed else elapsed
         )
@@ -649,6 +649,18 @@ def simulate(policy_cls, trace, dp, kv_tokens, host_ratio):
     return res.summary()
 
 
+# Summary fields that depend on the decisions only (not on timing).
+_EXACT_KEYS = (
+    "requests",
+    "gpu_hit_rate",
+    "host_hit_rate",
+    "prefill_tokens",
+    "imbalance",
+    "ttft_mean_s",
+    "gpu_evicted_tokens",
+)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small CI smoke run")
@@ -665,13 +677,20 @@ def main():
     ap.add_argument(
         "--kv-tokens", type=int, default=None, help="device KV tokens per rank"
     )
+    ap.add_argument(
+        "--decisions",
+        default=None,
+        metavar="PATH",
+        help="also write every policy's chosen rank per request and its hit "
+        "counts to PATH (JSON), to compare two revisions' decisions exactly",
+    )
     args = ap.parse_args()
     Ours.controller = args.controller
 
     n_req = 300 if args.quick else 2000
     kv_tokens = args.kv_tokens or (4096 if args.quick else 8192)
     host_ratio = 2.0
-    runs = []
+    runs, decisions = [], {}
     for dp in args.dp:
         for workload in ("multiturn", "sysprompt"):
             rng = random.Random(args.seed * 1000 + dp)
@@ -683,8 +702,13 @@ def main():
             rows = []
             for cls in POLICIES:
                 t0 = time.perf_counter()
-                row = simulate(cls, trace, dp, kv_tokens, host_ratio)
+                landed = []
+                row = simulate(cls, trace, dp, kv_tokens, host_ratio, landed)
                 row["wall_s"] = time.perf_counter() - t0
+                decisions[f"dp{dp}/{workload}/{row['policy']}"] = {
+                    "ranks": landed,
+                    **{k: row[k] for k in _EXACT_KEYS},
+                }
                 rows.append(row)
             base = rows[0]
             for row in rows:
@@ -701,6 +725,8 @@ def main():
             )
             _print(dp, workload, rows, floor_us)
 
+    if args.decisions:
+        Path(args.decisions).write_text(json.dumps(decisions, indent=1))
     os.makedirs(args.out, exist_ok=True)
     meta = {
         **run_metadata(),

@@ -97,11 +97,9 @@ def scheduler_standin(
 def _standin_cache(port_args, dp_rank, tree_cfg):
     import json
 
+    from sglang.srt.managers.dp_routing.publisher import create_prefix_digest_publisher
     from sglang.srt.managers.scheduler_components.kv_events_publisher import (
         SchedulerKvEventsPublisher,
-    )
-    from sglang.srt.managers.scheduler_components.prefix_digest_publisher import (
-        create_prefix_digest_publisher,
     )
 
     from harness.stacks.radix_trees import build_tree, insert
@@ -300,7 +298,7 @@ class _DigestSender:
 
     def __init__(self, handle, page_size, chunk_size):
         import zmq
-        from sglang.srt.managers.prefix_digest import prefix_digest_endpoint
+        from sglang.srt.managers.dp_routing.channel import prefix_digest_endpoint
 
         self.handle = handle
         self.page_size = page_size
@@ -320,7 +318,10 @@ class _DigestSender:
         self.settle()
 
     def chunks(self, prompts, **ns):
-        from sglang.srt.managers.prefix_digest import RequestChunks, RequestNamespace
+        from sglang.srt.managers.dp_routing.chunk_keys import (
+            RequestChunks,
+            RequestNamespace,
+        )
 
         out = set()
         for p in prompts:
@@ -342,7 +343,7 @@ class _DigestSender:
         remember=True,
         **ns,
     ):
-        from sglang.srt.managers.prefix_digest import CacheDigest, pack_hashes
+        from sglang.srt.managers.dp_routing.digest import CacheDigest, pack_hashes
 
         if remember:
             self.state[rank] = dict(
@@ -383,7 +384,7 @@ class _DigestSender:
             self.handle.controller.refresh_load_budget()
             seen = {
                 r: (d.epoch, d.seq)
-                for r, d in enumerate(router.digests)
+                for r, d in enumerate(router.digests.latest)
                 if d is not None
             }
             if all(seen.get(r) == v for r, v in want.items()):
@@ -424,7 +425,7 @@ def cache_aware_cases(rank, world_size):
     # The router's clock, advanced past the max age for the stale case
     # instead of sleeping through it.
     clock = router.clock = FakeClock()
-    router._load_seen_at = [clock()] * dp
+    router.stalls.restart(clock())
     out = {}
     n = [0]
 
@@ -432,7 +433,7 @@ def cache_aware_cases(rank, world_size):
         if fresh:
             sender.republish()
         if not history:  # the crafted loads alone decide
-            router.clear_dispatch_history()
+            clear_dispatch_history(router)
         write_loads(handle.port_args, list(loads))
         time.sleep(0.002)
         before = dict(router.stats)
@@ -620,7 +621,7 @@ def pending_cases(rank, world_size, ttl=1.0):
         return landed, how[0] if len(how) == 1 else how
 
     def pending_sizes():
-        return [router.pending.size(r) for r in range(dp)]
+        return [len(router.pending.expiry[r]) for r in range(dp)]
 
     try:
         write_loads(handle.port_args, [(0, 0, 0)] * dp)
@@ -659,14 +660,19 @@ def pending_cases(rank, world_size, ttl=1.0):
         out["after_ttl"] = go("e2", q + _prompt(73, 4))
         # A restarted rank (new epoch) drops what was pending on it.
         restarted, _ = go("r0", _prompt(80, 48))
-        out["pending_before_restart"] = router.pending.size(restarted)
+        out["pending_before_restart"] = len(router.pending.expiry[restarted])
         sender.send(restarted, epoch=9, seq=1)
         sender.settle()
-        out["pending_after_restart"] = router.pending.size(restarted)
+        out["pending_after_restart"] = len(router.pending.expiry[restarted])
         out["stats"] = dict(router.stats)
         return out
     finally:
         handle.close()
+
+
+def clear_dispatch_history(router):
+    """Forget the router's recent dispatches (the crafted loads alone decide)."""
+    router.load.clear_history(router.clock())
 
 
 class FakeClock:
@@ -688,15 +694,15 @@ def stall_cases(rank, world_size, max_age=3.0):
     dp = CRAFTED[0]
     handle, sender, router = _crafted_controller(max_age=max_age, pending_ttl=0.0)
     clock = router.clock = FakeClock()
-    router.clear_dispatch_history()
-    router._load_seen_at = [clock()] * dp
+    clear_dispatch_history(router)
+    router.stalls.restart(clock())
     records = []
 
     class Capture(logging.Handler):
         def emit(self, record):
             records.append((record.levelname, record.getMessage()))
 
-    log = logging.getLogger("sglang.srt.managers.cache_aware_router")
+    log = logging.getLogger("sglang.srt.managers.dp_routing")
     capture = Capture(level=logging.INFO)
     log.addHandler(capture)
     level = log.level
@@ -715,7 +721,7 @@ def stall_cases(rank, world_size, max_age=3.0):
         for r in publish:
             sender.send(r, **sender.state[r])
         sender.settle()
-        router.clear_dispatch_history()
+        clear_dispatch_history(router)
         before = dict(router.stats)
         n[0] += 1
         landed = handle.dispatch(make_req(f"{case}-{n[0]}", tokens))
@@ -739,15 +745,15 @@ def stall_cases(rank, world_size, max_age=3.0):
         go("stalled_new", _prompt(97, 40))
         go("stalled_prefix", a + _prompt(98, 8))
         go("stalled_other_match", b + _prompt(99, 8))
-        out["stalled_set"] = sorted(router.stalled)
+        out["stalled_set"] = sorted(router.stalls.stalled)
         # Every rank quiet: no live rank to move to, routing as without stalls.
         clock.now += max_age + 1
         go("all_quiet", _prompt(100, 40), publish=(), load_skip=range(dp))
-        out["all_stalled_set"] = sorted(router.stalled)
+        out["all_stalled_set"] = sorted(router.stalls.stalled)
         # Rank 1 reports again (digest and load): routed to by its prefix.
         go("recovered_prefix", a + _prompt(101, 8), publish=range(dp), load_skip=())
         go("recovered_new", _prompt(102, 40), publish=range(dp), load_skip=())
-        out["recovered_set"] = sorted(router.stalled)
+        out["recovered_set"] = sorted(router.stalls.stalled)
         out["log"] = list(records)
         out["stats"] = dict(router.stats)
         return out
@@ -774,11 +780,11 @@ def cache_aware_end_to_end(rank, world_size, dp=3, tree_core="rust", turns=3):
     out = {"method": handle.controller.load_balance_method.name}
     try:
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not all(router.digests):
+        while time.monotonic() < deadline and not all(router.digests.latest):
             handle.controller._last_refresh_time = 0.0
             handle.controller.refresh_load_budget()
             time.sleep(0.02)
-        out["digests"] = [d is not None and len(d.gpu) for d in router.digests]
+        out["digests"] = [d is not None and len(d.gpu) for d in router.digests.latest]
         out["shared_prompt"] = []
         for i in range(2 * dp):
             r = i % dp
@@ -805,14 +811,16 @@ def cache_aware_end_to_end(rank, world_size, dp=3, tree_core="rust", turns=3):
 
 
 def wait_for_match(handle, tokens, timeout=10.0):
+    from sglang.srt.managers.dp_routing.request import RoutedRequest
+
     router = handle.controller.cache_aware_router
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         handle.controller._last_refresh_time = 0.0
         handle.controller.refresh_load_budget()
-        req = make_req("probe", tokens)
-        matches = router.estimate(req, router.fresh_digests(range(router.num_dp_ranks)))
-        if any(m.total_len for m in matches.values()):
+        req = RoutedRequest.of(make_req("probe", tokens))
+        digests = router.fresh_digests(range(router.num_dp_ranks))
+        if any(m.total_len for m in router.estimate(req, digests).matches.values()):
             return True
         time.sleep(0.02)
     return False

@@ -14,6 +14,11 @@ import unittest
 import msgspec
 from sglang.test.ci.ci_register import register_cpu_ci
 
+from harness.dp_routing_fixtures import (
+    estimate_prefix_match,
+    page_hash_digests,
+    request_page_hashes,
+)
 from harness.stacks.radix_trees import build_tree, enable_hicache, evict, insert, match
 
 register_cpu_ci(est_time=60, suite="base-a-test-cpu")
@@ -32,10 +37,7 @@ def _floor(n, unit):
 
 class TestDigestHashes(unittest.TestCase):
     def test_page_hashes_equal_kv_event_hashes(self):
-        from sglang.srt.managers.prefix_digest import (
-            RequestNamespace,
-            request_page_hashes,
-        )
+        from sglang.srt.managers.dp_routing.chunk_keys import RequestNamespace
 
         rng = random.Random(7)
         for backend in BACKENDS:
@@ -54,7 +56,6 @@ class TestDigestHashes(unittest.TestCase):
                         self.assertEqual(_event_hashes(events), expected)
 
     def test_matches_upstream_hash_str(self):
-        from sglang.srt.managers.prefix_digest import page_hash_digests
         from sglang.srt.mem_cache.utils import get_hash_str
 
         tokens = list(range(5, 69)) + [2**32 + 3, 9, 9, 9]
@@ -66,10 +67,9 @@ class TestDigestHashes(unittest.TestCase):
     def test_first_page_hash_is_the_first_event_hash(self):
         from array import array
 
-        from sglang.srt.managers.prefix_digest import (
+        from sglang.srt.managers.dp_routing.chunk_keys import (
             RequestNamespace,
             first_page_hash,
-            request_page_hashes,
         )
 
         tokens = list(range(7, 71))
@@ -91,13 +91,13 @@ class TestDigestHashes(unittest.TestCase):
         # are the keys the controller computes from a request's tokens, on
         # both tree cores, page sizes and namespaces; prefixes branching
         # inside a chunk and pages with a non-u32 token included.
-        from sglang.srt.managers.prefix_digest import (
-            PrefixDigestTracker,
+        from sglang.srt.managers.dp_routing.chunk_keys import (
             RequestChunks,
             RequestNamespace,
             tree_extra_key,
-            unpack_hashes,
         )
+        from sglang.srt.managers.dp_routing.digest import unpack_hashes
+        from sglang.srt.managers.dp_routing.tracker import PrefixDigestTracker
 
         lora_id = "0123456789abcdef0123456789abcdef"
         named = tree_extra_key(None, lora_id)
@@ -152,24 +152,23 @@ class TestDigestHashes(unittest.TestCase):
         # one SHA-256 for the first page and one per chunk.
         from unittest import mock
 
-        from sglang.srt.managers import prefix_digest as pd
+        from sglang.srt.managers.dp_routing import chunk_keys as ck
 
         calls = []
-        real = pd.hashlib.sha256
+        real = ck.hashlib.sha256
 
         def counted(*args):
             calls.append(1)
             return real(*args)
 
         tokens = list(range(1, 1030))
-        with mock.patch.object(pd.hashlib, "sha256", side_effect=counted):
-            keys = pd.RequestChunks(tokens, 1, 256, pd.RequestNamespace()).keys
+        with mock.patch.object(ck.hashlib, "sha256", side_effect=counted):
+            keys = ck.RequestChunks(tokens, 1, 256, ck.RequestNamespace()).keys
         self.assertEqual((len(keys), len(calls)), (4, 5))
 
     def test_lora_namespace_matches_events(self):
-        from sglang.srt.managers.prefix_digest import (
+        from sglang.srt.managers.dp_routing.chunk_keys import (
             RequestNamespace,
-            request_page_hashes,
             tree_extra_key,
         )
 
@@ -192,19 +191,19 @@ class TestDigestHashes(unittest.TestCase):
 
 class TestDigestTracker(unittest.TestCase):
     def _estimate(self, tracker, tokens, page, chunk, **ns):
-        from sglang.srt.managers.prefix_digest import (
+        from sglang.srt.managers.dp_routing.chunk_keys import (
             RequestChunks,
             RequestNamespace,
-            estimate_prefix_match,
-            unpack_hashes,
         )
+        from sglang.srt.managers.dp_routing.digest import unpack_hashes
 
         gpu, host = (unpack_hashes(b) for b in tracker.build())
         chunks = RequestChunks(tokens, page, chunk, RequestNamespace.of(**ns))
         return estimate_prefix_match(chunks, gpu, host)
 
     def test_chunk_alignment_and_dirty_flag(self):
-        from sglang.srt.managers.prefix_digest import PrefixDigestTracker, unpack_hashes
+        from sglang.srt.managers.dp_routing.digest import unpack_hashes
+        from sglang.srt.managers.dp_routing.tracker import PrefixDigestTracker
 
         with self.assertRaisesRegex(ValueError, "multiple of the tree page size"):
             PrefixDigestTracker(page_size=4, chunk_size=6)
@@ -230,7 +229,7 @@ class TestDigestTracker(unittest.TestCase):
         self.assertEqual(m.total_len, 8)
 
     def test_namespace_isolation(self):
-        from sglang.srt.managers.prefix_digest import PrefixDigestTracker
+        from sglang.srt.managers.dp_routing.tracker import PrefixDigestTracker
 
         lora_id = "0123456789abcdef0123456789abcdef"
         for backend in BACKENDS:
@@ -269,7 +268,7 @@ class TestDigestTracker(unittest.TestCase):
         # apart in the digest through the extra_key the events carry; a
         # removal leaves the other namespaces' prefixes in place.
         from sglang.srt.disaggregation.kv_events import BlockStored
-        from sglang.srt.managers.prefix_digest import PrefixDigestTracker
+        from sglang.srt.managers.dp_routing.tracker import PrefixDigestTracker
 
         lora_id = "0123456789abcdef0123456789abcdef"
         tokens = list(range(500, 540))
@@ -320,7 +319,7 @@ class TestDigestTracker(unittest.TestCase):
                 self.assertNotIn(b"extra_key", msgspec.msgpack.encode(stored[0]))
 
     def test_follows_inserts_and_eviction_like_the_tree(self):
-        from sglang.srt.managers.prefix_digest import PrefixDigestTracker
+        from sglang.srt.managers.dp_routing.tracker import PrefixDigestTracker
 
         page, chunk = 4, 8
         for backend in BACKENDS:
@@ -349,7 +348,7 @@ class TestDigestTracker(unittest.TestCase):
                         self.assertEqual((got.gpu_len, got.total_len), (want, want))
 
     def test_host_tier_and_reset(self):
-        from sglang.srt.managers.prefix_digest import PrefixDigestTracker
+        from sglang.srt.managers.dp_routing.tracker import PrefixDigestTracker
 
         page, chunk = 4, 8
         for backend in BACKENDS:
@@ -393,15 +392,16 @@ class TestDigestIndex(unittest.TestCase):
         each rank what the single-rank walk and the rank's own tree give,
         while the trees insert, evict to host and evict; with pending keys on
         some ranks it equals the single-rank walk with those keys."""
-        from sglang.srt.managers.prefix_digest import (
-            DigestIndex,
-            PrefixDigestTracker,
+        from sglang.srt.managers.dp_routing.chunk_keys import (
             RequestChunks,
             RequestNamespace,
-            estimate_prefix_match,
-            estimate_prefix_matches,
-            unpack_hashes,
         )
+        from sglang.srt.managers.dp_routing.digest import unpack_hashes
+        from sglang.srt.managers.dp_routing.index import (
+            DigestIndex,
+            estimate_prefix_matches,
+        )
+        from sglang.srt.managers.dp_routing.tracker import PrefixDigestTracker
 
         page, chunk, dp = 4, 8, 6
         rng = random.Random(23)

@@ -30,11 +30,9 @@ class Clock:
 class TestPrefixDigestPublisher(unittest.TestCase):
     def setUp(self):
         import zmq
+        from sglang.srt.managers.dp_routing.publisher import PrefixDigestPublisher
         from sglang.srt.managers.scheduler_components.kv_events_publisher import (
             SchedulerKvEventsPublisher,
-        )
-        from sglang.srt.managers.scheduler_components.prefix_digest_publisher import (
-            PrefixDigestPublisher,
         )
 
         path = os.path.join(tempfile.gettempdir(), f"digest_{uuid.uuid4().hex}")
@@ -70,7 +68,7 @@ class TestPrefixDigestPublisher(unittest.TestCase):
 
     def recv(self):
         import zmq
-        from sglang.srt.managers.prefix_digest import CacheDigest
+        from sglang.srt.managers.dp_routing.digest import CacheDigest
 
         if not self.pull.poll(2000, zmq.POLLIN):
             return None
@@ -81,7 +79,7 @@ class TestPrefixDigestPublisher(unittest.TestCase):
         return self.pub.maybe_publish(self.kv_events.publish_kv_events)
 
     def test_cadence_heartbeat_and_flush(self):
-        from sglang.srt.managers.prefix_digest import unpack_hashes
+        from sglang.srt.managers.dp_routing.digest import unpack_hashes
 
         self.assertFalse(self.publish(1.0))  # not attached to a tree yet
         self.pub.attach(4, lambda: 1234)
@@ -115,9 +113,7 @@ class TestPrefixDigestPublisher(unittest.TestCase):
         self.assertEqual(unpack_hashes(self.recv().gpu_hashes), frozenset())
 
     def test_restart_is_a_new_epoch(self):
-        from sglang.srt.managers.scheduler_components.prefix_digest_publisher import (
-            PrefixDigestPublisher,
-        )
+        from sglang.srt.managers.dp_routing.publisher import PrefixDigestPublisher
 
         other = PrefixDigestPublisher(
             self.endpoint, dp_rank=3, chunk_size=8, publish_interval=0.1
