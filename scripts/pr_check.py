@@ -53,7 +53,7 @@ TIMEOUT_FACTOR = 6
 TIMEOUT_FLOOR_S = 300
 
 
-def _env(layout: Path) -> dict:
+def layout_env(layout: Path) -> dict:
     """This environment without this project's settings (SGL_*), with only the
     layout's python/ on the path."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGL_")}
@@ -143,7 +143,7 @@ def pr_check(feature: str) -> list[tuple[str, str, float, str]]:
     if layout.exists():
         shutil.rmtree(layout)
     layout.mkdir(parents=True)
-    env = _env(layout)
+    env = layout_env(layout)
     copy_pristine(layout)
     shutil.copytree(out / "tests", layout, dirs_exist_ok=True)
     tests = sorted((layout / "test" / "registered").rglob("test_*.py"))
@@ -159,7 +159,7 @@ def pr_check(feature: str) -> list[tuple[str, str, float, str]]:
     }
     with WarmPython(PRISTINE_PRELOAD, sglang_path=layout / "python") as warm:
         rows = [
-            _run_pristine(warm, layout, path, env, on_pristine.get(path))
+            run_pristine(warm, layout, path, env, on_pristine.get(path))
             for path in tests
         ]
 
@@ -200,7 +200,7 @@ def _run_test(layout: Path, path: Path, env: dict, where: str = ""):
     return row
 
 
-def _run_pristine(
+def run_pristine(
     warm: WarmPython, layout: Path, path: Path, env: dict, reason: str | None
 ):
     """The test on the pristine release (no patch applied yet), forked from

@@ -111,7 +111,7 @@ def _target_tree(version: str, wheel: Path | None, tree: Path | None):
         "once the series is carried)"
     )
     unpacked = drift.unpack(wheel, REBASE / "target")
-    upstream._check_versions(upstream.Pin("sglang", version, {}), unpacked)
+    upstream.check_versions(upstream.Pin("sglang", version, {}), unpacked)
     return unpacked, wheel
 
 

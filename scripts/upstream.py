@@ -183,7 +183,7 @@ def locate_wheel(
     return download(pin, fname, cache)
 
 
-def _check_versions(pin: Pin, tree: Path) -> None:
+def check_versions(pin: Pin, tree: Path) -> None:
     dist_info = tree / f"{pin.name}-{pin.version}.dist-info"
     metadata = dist_info / "METADATA"
     if not metadata.is_file():
@@ -218,7 +218,7 @@ def unpack(pin: Pin, path: Path, dest_root: Path, source: str | None = None) -> 
                 mode = (info.external_attr >> 16) & 0o777
                 if mode:
                     os.chmod(tmp / info.filename, mode)
-        _check_versions(pin, tmp)
+        check_versions(pin, tmp)
         (tmp / STAMP).write_text(digest + "\n")
         if dest.exists():
             shutil.rmtree(dest)

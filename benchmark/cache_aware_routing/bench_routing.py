@@ -150,7 +150,7 @@ def with_arrivals(rng, reqs, dp, utilization):
 
 class Rank:
     def __init__(self, kv_tokens, host_ratio):
-        from harness.stacks.radix_trees import build_tree, enable_hicache
+        from harness.stacks.radix_tree_fixtures import build_tree, enable_hicache
 
         self.kv_tokens = kv_tokens
         self.tree = build_tree(PAGE, "rust", kv_size=kv_tokens)
@@ -165,7 +165,7 @@ class Rank:
         return len(self.inflight), sum(n for _, n in self.inflight)
 
     def serve(self, req, now):
-        from harness.stacks.radix_trees import insert, match
+        from harness.stacks.radix_tree_fixtures import insert, match
 
         m = match(self.tree, req.prompt)
         gpu = m.device_prefix_len

@@ -105,7 +105,7 @@ def geometry_table() -> list[dict]:
 def _cpu_timing(rank, world, args):
     import torch
 
-    from harness.stacks.dsa import build_dsa_stack
+    from harness.stacks.dsa_hicache_stack import build_dsa_stack
 
     stack = build_dsa_stack(
         rank,
@@ -120,7 +120,7 @@ def _cpu_timing(rank, world, args):
     cc.load_fence_stream = torch.cpu.current_stream()
     shard = getattr(cc, "rank_shard", None)
     if args["mode"] == "copy_only":
-        from harness.scenarios.rank_shard import disable_exchange
+        from harness.scenarios.hicache_rank_shard_scenarios import disable_exchange
 
         disable_exchange(cc)
     from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer

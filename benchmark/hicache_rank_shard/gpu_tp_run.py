@@ -59,7 +59,7 @@ def _elapsed_ms(ack) -> float:
 
 
 def worker(rank: int, world: int, args: dict) -> dict:
-    from harness.stacks.dsa import build_dsa_stack
+    from harness.stacks.dsa_hicache_stack import build_dsa_stack
 
     cuda = args["device"] == "cuda"
     device = f"cuda:{rank}" if cuda else "cpu"
@@ -84,7 +84,7 @@ def worker(rank: int, world: int, args: dict) -> dict:
     cc.load_fence_stream = fwd
     shard = getattr(cc, "rank_shard", None)
     if args["mode"] == "copy_only":
-        from harness.scenarios.rank_shard import disable_exchange
+        from harness.scenarios.hicache_rank_shard_scenarios import disable_exchange
 
         disable_exchange(cc)
     gen = torch.Generator(device=device).manual_seed(1234)
@@ -157,9 +157,7 @@ def worker(rank: int, world: int, args: dict) -> dict:
         from sgl_kernel.page_runs import stats
 
         out["standin_plan_cache"] = dict(stats)
-        out["standin_copy"] = (
-            "batch" if standin._use_batch() else "2d" if standin.cupy else "page"
-        )
+        out["standin_copy"] = standin.copy_mode()
     except (ImportError, AttributeError):
         pass
     out["load_wall_ms"] = [w for w, _, _ in loads]

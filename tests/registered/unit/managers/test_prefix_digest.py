@@ -14,7 +14,13 @@ import unittest
 import msgspec
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from harness.stacks.radix_trees import build_tree, enable_hicache, evict, insert, match
+from harness.stacks.radix_tree_fixtures import (
+    build_tree,
+    enable_hicache,
+    evict,
+    insert,
+    match,
+)
 
 register_cpu_ci(est_time=60, suite="base-a-test-cpu")
 FEATURE_GROUP = "cache-aware-routing"  # the series group it tests (or "series")
