@@ -94,8 +94,7 @@ class TreeInterpreter:
             self.stop()
             why = f"no answer in {timeout:.0f}s" if not ready else f"got {line!r}"
             raise RuntimeError(
-                f"interpreter of tree {self.tree}: {what}: "
-                f"{why}\n{tail}"
+                f"interpreter of tree {self.tree}: {what}: {why}\n{tail}"
             )
 
     def run(
