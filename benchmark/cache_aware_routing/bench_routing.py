@@ -52,7 +52,7 @@ time to read a request's tokens once into a u32 array (a fresh copy of the
 prompt, as the controller unpickles it), the least any policy that hashes the
 prompt in Python pays.
 
-Run: ``python benchmark/cache_aware_routing/bench_routing.py [--quick]`` with
+Run: ``python -m benchmark.cache_aware_routing.bench_routing [--quick]`` with
 the patched sglang importable (PYTHONPATH) and ``tests`` on the path.
 """
 
@@ -63,18 +63,16 @@ import hashlib
 import json
 import os
 import random
-import sys
 import time
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmark.bench_meta import run_metadata
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "benchmark"))
 
-from bench_meta import run_metadata  # noqa: E402
 
 PAGE = 16
 PREFILL_TPS = 20000.0  # prefill tokens per second per rank

@@ -22,7 +22,7 @@ interpreter:
   to the restore outcome, outcome, tokens promised.
 
 Ratios are patched / upstream of the same run. Run with the project venv
-(``make install`` first): ``python benchmark/decode_hicache/bench_decode_admission.py [--quick]``.
+(``make install`` first): ``python -m benchmark.decode_hicache.bench_decode_admission [--quick]``.
 """
 
 from __future__ import annotations
@@ -30,19 +30,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from benchmark.bench_meta import run_metadata
+from harness.compare import run_scenario
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "benchmark"))
 
-from bench_meta import run_metadata  # noqa: E402
-
-from harness.compare import run_scenario  # noqa: E402
 
 SIM = "harness.scenarios.decode_hicache_scenarios:admission_sim"
 L3 = "harness.scenarios.decode_hicache_scenarios:l3_two_phase"

@@ -13,7 +13,7 @@
 
 Prints a table, writes results/bench_rank_shard.json and .png.
 
-    .venv/bin/python benchmark/hicache_rank_shard/bench_rank_shard.py [--quick]
+    .venv/bin/python -m benchmark.hicache_rank_shard.bench_rank_shard [--quick]
 """
 
 from __future__ import annotations
@@ -21,15 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
+from benchmark.bench_meta import run_metadata
+
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "benchmark"))
-from bench_meta import run_metadata  # noqa: E402
 
 LAYERS = 61
 KV_ROW, IX_ROW = 656, 132

@@ -23,7 +23,7 @@ Needs the patched sglang wheel and, without sgl-kernel, the test-only
 ``tests/standins/gpu`` package first on PYTHONPATH. Writes one JSON per mode;
 ``bench_rank_shard.py --gpu-results DIR`` turns them into the table and plot.
 
-    python benchmark/hicache_rank_shard/gpu_tp_run.py --mode sharded --out out.json
+    python -m benchmark.hicache_rank_shard.gpu_tp_run --mode sharded --out out.json
 """
 
 from __future__ import annotations
@@ -31,16 +31,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "benchmark"))
-from bench_meta import run_metadata  # noqa: E402
+from benchmark.bench_meta import run_metadata
 
 LAYERS = 61
 ROW = 656  # FP8 DSA latent bytes per token per layer
@@ -205,8 +201,7 @@ def _trace_one_load(cc, host, alloc, sync) -> dict:
 
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from trace_summary import summarize
+    from benchmark.hicache_rank_shard.trace_summary import summarize
 
     engine = cc.l2_transfer_engine
     exchange = getattr(getattr(cc, "rank_shard", None), "exchange", None)
