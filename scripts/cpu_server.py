@@ -24,9 +24,9 @@ import sys
 import time
 from pathlib import Path
 
+import tiny_model
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import tiny_model  # noqa: E402
 
 HOST = "127.0.0.1"
 STOP_GRACE_S = 15.0  # servers of the tests (no request in flight at the stop)

@@ -35,17 +35,16 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import BUILD, ToolError, read_series, run_main  # noqa: E402
-from make_pr import apply_each, copy_pristine, make_pr  # noqa: E402
-from pr_tests import (  # noqa: E402
+from common import BUILD, ToolError, read_series, run_main
+from make_pr import apply_each, copy_pristine, make_pr
+from pr_tests import (
     cpu_registration,
     feature_tests,
     lands_with,
     passes_on_pristine,
     upstream_test_path,
 )
-from warm_python import THIRD_PARTY, WarmPython  # noqa: E402
+from warm_python import THIRD_PARTY, WarmPython
 
 # A test's time limit: its registered estimate times this, at least the floor
 # (the estimate is for upstream's CI machines; ours may be slower and busy).

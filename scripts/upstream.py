@@ -27,8 +27,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import CACHE, PIN, UPSTREAM_TREES, ToolError, run_main  # noqa: E402
+from common import CACHE, PIN, UPSTREAM_TREES, ToolError, run_main
 
 STAMP = ".upstream-wheel"
 
