@@ -3,7 +3,7 @@ committed JSON, and a configurable author for the extracted patches."""
 
 import json
 
-from .conftest import ROOT, run_script
+from .conftest import ROOT, import_scripts, run_script
 
 
 def test_pr_md_benchmark_tables_come_from_the_committed_json(sandbox):
@@ -133,14 +133,8 @@ def test_a_group_using_another_groups_lines_is_refused(sandbox):
 
 
 def test_every_registered_test_declares_exactly_one_group():
-    import sys
-
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import pr_tests
-        from common import read_series
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    pr_tests, common = import_scripts("pr_tests", "common")
+    read_series = common.read_series
     groups = {name.split("/")[0] for name in read_series()}
     files = pr_tests.registered_tests()
     assert files

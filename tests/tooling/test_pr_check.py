@@ -7,19 +7,15 @@ module, or a suite upstream does not run, is refused."""
 import ast
 import concurrent.futures
 import re
-import sys
 
 import pytest
 
-from .conftest import ROOT, run_script, sandbox_env
+from .conftest import import_scripts, run_script, sandbox_env
 
-sys.path.insert(0, str(ROOT / "scripts"))
-import pr_check  # noqa: E402
-import pr_tests  # noqa: E402
-import warm_python  # noqa: E402
-from common import ToolError, read_series  # noqa: E402
-
-sys.path.remove(str(ROOT / "scripts"))
+pr_check, pr_tests, warm_python, common = import_scripts(
+    "pr_check", "pr_tests", "warm_python", "common"
+)
+ToolError, read_series = common.ToolError, common.read_series
 
 GROUPS = sorted({name.split("/")[0] for name in read_series()})
 

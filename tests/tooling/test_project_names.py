@@ -5,13 +5,12 @@ no module reaches into another project module's private (``_name``) names."""
 from __future__ import annotations
 
 import ast
-import sys
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-from pr_tests import module_constants  # noqa: E402
+from .conftest import ROOT, import_scripts
+
+(pr_tests,) = import_scripts("pr_tests")
 
 FOLDERS = ("scripts", "tests", "benchmark")
 # Top-level names under which project modules are imported: the scripts (run
@@ -95,7 +94,7 @@ def test_the_check_sees_a_private_reach(tmp_path):
 def test_upstream_bound_modules_keep_their_upstream_name():
     wrong = {}
     for path in _files():
-        for name in module_constants(path, "UPSTREAM_TEST_MODULE"):
+        for name in pr_tests.module_constants(path, "UPSTREAM_TEST_MODULE"):
             if name.rsplit(".", 1)[1] != path.stem:
                 wrong[str(path.relative_to(ROOT))] = name
     assert wrong == {}
