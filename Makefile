@@ -60,13 +60,13 @@ $(LINT_UPSTREAM)/.stamp: requirements/lint-upstream.txt
 # --no-cache-dir: the venv is the only copy (CI's disk is small).  The
 # torchvision stand-in hook only acts where torchvision's C++ ops cannot load
 # (tests/standins/torchvision_ops.py says why).
-# tests/standins/cpu_server.py hooks the CPU-server stand-ins into processes
+# tests/standins/cpu_server_standins.py hooks the CPU-server stand-ins into processes
 # started with SGLANG_TEST_CPU_SERVER_STANDINS=1 (live tests, serve-cpu) only.
-$(VENV)/.stamp: requirements/test-cpu.txt requirements/lint.txt tests/standins/torchvision_ops.py tests/standins/cpu_server.py
+$(VENV)/.stamp: requirements/test-cpu.txt requirements/lint.txt tests/standins/torchvision_ops.py tests/standins/cpu_server_standins.py
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --no-cache-dir -r requirements/test-cpu.txt -r requirements/lint.txt
 	$(VENV)/bin/python tests/standins/torchvision_ops.py
-	$(VENV)/bin/python tests/standins/cpu_server.py
+	$(VENV)/bin/python tests/standins/cpu_server_standins.py
 	touch $@
 
 venv: $(VENV)/.stamp

@@ -86,9 +86,17 @@ def gpu_names(device: str) -> list[str]:
     return [torch.cuda.get_device_name(torch.device(device).index or 0)]
 
 
+def command_line() -> str:
+    """The command as run from the repository root: ``python -m <module> ARGS``
+    for a module (every benchmark), ``python <script> ARGS`` otherwise."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    argv = ["-m", spec.name, *sys.argv[1:]] if spec is not None else sys.argv
+    return " ".join([Path(sys.executable).name, *argv])
+
+
 def run_metadata() -> dict:
     return {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "command": command_line(),
         "git_revision": git_revision(),
         "series_label": series_label(),
         "machine": {

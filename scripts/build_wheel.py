@@ -22,9 +22,8 @@ import sys
 import tarfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import series as series_mod  # noqa: E402
-from common import (  # noqa: E402
+import series as series_mod
+from common import (
     BUILD,
     PATCH_DATE,
     PATCHES,
@@ -35,7 +34,7 @@ from common import (  # noqa: E402
     run_main,
 )
 
-import upstream  # noqa: E402
+import upstream
 
 DIST = Path(os.environ.get("SGL_DIST_DIR", ROOT / "dist"))
 PATCH_EPOCH = int(email.utils.parsedate_to_datetime(PATCH_DATE).timestamp())

@@ -24,9 +24,9 @@ import sys
 import time
 from pathlib import Path
 
+import tiny_model
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import tiny_model  # noqa: E402
 
 HOST = "127.0.0.1"
 STOP_GRACE_S = 15.0  # servers of the tests (no request in flight at the stop)
@@ -98,7 +98,8 @@ def server_env(extra_args: list[str] | None = None, base: dict | None = None) ->
         SGLANG_USE_CPU_ENGINE="1",  # else RotaryEmbedding falls back to vllm
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
-        # tests/standins/cpu_server.py: sgl_kernel names, pinned memory, kvcacheio
+        # tests/standins/cpu_server_standins.py: sgl_kernel names, pinned memory,
+        # kvcacheio
         SGLANG_TEST_CPU_SERVER_STANDINS="1",
         PYTHONUNBUFFERED="1",
     )

@@ -31,15 +31,13 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import BUILD, PATCHES, ToolError, read_series, run_main  # noqa: E402
+from common import BUILD, PATCHES, ToolError, read_series, run_main
 
-import upstream  # noqa: E402
+import upstream
 
 DRIFT = BUILD / "drift"
 STATUSES = ("clean", "offset", "fuzz", "conflict")

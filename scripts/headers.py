@@ -17,11 +17,8 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import PATCHES, ROOT, ToolError, read_series, run_main  # noqa: E402
+from common import PATCHES, ROOT, ToolError, read_series, run_main
 
 FIELDS = ("Why", "How", "Upstream-Status", "Related", "Remove-When")
 README = ROOT / "README.md"

@@ -29,23 +29,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import series as series_mod  # noqa: E402
-from common import (  # noqa: E402
-    BUILD,
-    PATCHES,
-    ToolError,
-    git,
-    group_needs,
-    read_series,
-    run_main,
-)
-from headers import SERIES_FIELDS, patch_header  # noqa: E402
-from lint_product import format_files  # noqa: E402
-from pr_bench import benchmark_section  # noqa: E402
-from pr_tests import extract  # noqa: E402
+import series as series_mod
+from common import BUILD, PATCHES, ToolError, git, group_needs, read_series, run_main
+from headers import SERIES_FIELDS, patch_header
+from lint_product import format_files
+from pr_bench import benchmark_section
+from pr_tests import extract
 
-import upstream  # noqa: E402
+import upstream
 
 # A field runs on over its continuation lines (indented or not) up to a blank
 # line, the next field, or the diff.

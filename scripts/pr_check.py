@@ -35,18 +35,17 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import BUILD, ToolError, group_needs, read_series, run_main  # noqa: E402
-from lint_product import lint, patch_files  # noqa: E402
-from make_pr import apply_each, apply_stacked_on, copy_pristine, make_pr  # noqa: E402
-from pr_tests import (  # noqa: E402
+from common import BUILD, ToolError, group_needs, read_series, run_main
+from lint_product import lint, patch_files
+from make_pr import apply_each, apply_stacked_on, copy_pristine, make_pr
+from pr_tests import (
     cpu_registration,
     feature_tests,
     lands_with,
     passes_on_pristine,
     upstream_test_path,
 )
-from warm_python import THIRD_PARTY, WarmPython  # noqa: E402
+from warm_python import THIRD_PARTY, WarmPython
 
 # A test's time limit: its registered estimate times this, at least the floor
 # (the estimate is for upstream's CI machines; ours may be slower and busy).
@@ -54,7 +53,7 @@ TIMEOUT_FACTOR = 6
 TIMEOUT_FLOOR_S = 300
 
 
-def _env(layout: Path) -> dict:
+def layout_env(layout: Path) -> dict:
     """This environment without this project's settings (SGL_*), with only the
     layout's python/ on the path."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGL_")}
@@ -144,7 +143,7 @@ def pr_check(feature: str) -> list[tuple[str, str, float, str]]:
     if layout.exists():
         shutil.rmtree(layout)
     layout.mkdir(parents=True)
-    env = _env(layout)
+    env = layout_env(layout)
     copy_pristine(layout)
     needs = group_needs(feature)
     apply_stacked_on(out, needs, layout)
@@ -163,7 +162,7 @@ def pr_check(feature: str) -> list[tuple[str, str, float, str]]:
     }
     with WarmPython(PRISTINE_PRELOAD, sglang_path=layout / "python") as warm:
         rows = [
-            _run_pristine(warm, layout, path, env, on_pristine.get(path), base)
+            run_pristine(warm, layout, path, env, on_pristine.get(path), base)
             for path in tests
         ]
 
@@ -231,7 +230,7 @@ def _run_test(layout: Path, path: Path, env: dict, where: str = ""):
     return row
 
 
-def _run_pristine(
+def run_pristine(
     warm: WarmPython,
     layout: Path,
     path: Path,

@@ -137,7 +137,7 @@ def _project_imports(tree: ast.AST) -> list[tuple[ast.stmt, list[tuple[str, str]
                     (f"{node.module}.{a.name}", a.asname or a.name) for a in node.names
                 ]
                 found.append((node, pairs))
-            else:  # from harness.stacks.radix_trees import build_tree
+            else:  # from harness.stacks.radix_tree_fixtures import build_tree
                 found.append((node, [(node.module, "")]))
         elif isinstance(node, ast.Import):
             if any(a.name.split(".")[0] in _PROJECT_PACKAGES for a in node.names):

@@ -42,23 +42,13 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import drift  # noqa: E402
-import series as series_mod  # noqa: E402
-from common import (  # noqa: E402
-    BUILD,
-    PATCHES,
-    PIN,
-    ToolError,
-    git,
-    read_series,
-    run_main,
-)
+import drift
+import series as series_mod
+from common import BUILD, PATCHES, PIN, ToolError, git, read_series, run_main
 
-import upstream  # noqa: E402
+import upstream
 
 REBASE = BUILD / "rebase"
 SRC = REBASE / "src"
@@ -111,7 +101,7 @@ def _target_tree(version: str, wheel: Path | None, tree: Path | None):
         "once the series is carried)"
     )
     unpacked = drift.unpack(wheel, REBASE / "target")
-    upstream._check_versions(upstream.Pin("sglang", version, {}), unpacked)
+    upstream.check_versions(upstream.Pin("sglang", version, {}), unpacked)
     return unpacked, wheel
 
 

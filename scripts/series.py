@@ -18,12 +18,10 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
+from common import (
     BUILD,
     PATCH_AUTHOR,
     PATCH_DATE,
@@ -35,9 +33,9 @@ from common import (  # noqa: E402
     read_series,
     run_main,
 )
-from headers import patch_subject  # noqa: E402
+from headers import patch_subject
 
-import upstream  # noqa: E402
+import upstream
 
 SRC = BUILD / "src"
 FORMAT_PATCH_ARGS = (

@@ -27,8 +27,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import CACHE, PIN, UPSTREAM_TREES, ToolError, run_main  # noqa: E402
+from common import CACHE, PIN, UPSTREAM_TREES, ToolError, run_main
 
 STAMP = ".upstream-wheel"
 
@@ -183,7 +182,7 @@ def locate_wheel(
     return download(pin, fname, cache)
 
 
-def _check_versions(pin: Pin, tree: Path) -> None:
+def check_versions(pin: Pin, tree: Path) -> None:
     dist_info = tree / f"{pin.name}-{pin.version}.dist-info"
     metadata = dist_info / "METADATA"
     if not metadata.is_file():
@@ -218,7 +217,7 @@ def unpack(pin: Pin, path: Path, dest_root: Path, source: str | None = None) -> 
                 mode = (info.external_attr >> 16) & 0o777
                 if mode:
                     os.chmod(tmp / info.filename, mode)
-        _check_versions(pin, tmp)
+        check_versions(pin, tmp)
         (tmp / STAMP).write_text(digest + "\n")
         if dest.exists():
             shutil.rmtree(dest)

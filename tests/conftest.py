@@ -1,6 +1,5 @@
-"""Shared pytest setup: make ``harness`` and ``standins`` importable, run
-``harness.gloo_ranks`` ranks on the warm-interpreter runner, and leave the
-groups' PR tests to ``make pr-check``.
+"""Shared pytest setup: make ``harness`` and ``standins`` importable and leave
+the groups' PR tests to ``make pr-check``.
 
 A PR test (a registered test of a series group that is not ``PROJECT_ONLY``)
 runs once per CI: ``tests/tooling/test_pr_check.py`` runs every group's PR
@@ -15,10 +14,6 @@ from pathlib import Path
 TESTS_DIR = Path(__file__).resolve().parent
 if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
-
-from harness import gloo_ranks, multiproc  # noqa: E402
-
-gloo_ranks.set_runner(multiproc.run_ranks)
 
 _SCRIPTS = TESTS_DIR.parent / "scripts"
 sys.path.insert(0, str(_SCRIPTS))

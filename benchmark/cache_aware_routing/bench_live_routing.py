@@ -41,7 +41,7 @@ default ``results/``) holds the run metadata, the ``series`` label (the
 installed sglang version), the parameters, the summaries and every record;
 the PNG beside it plots hit rate, TTFT and stickiness.
 
-Run: ``.venv/bin/python benchmark/cache_aware_routing/bench_live_routing.py
+Run: ``.venv/bin/python -m benchmark.cache_aware_routing.bench_live_routing
 [--quick] [--out DIR]`` (about 6 x 60-120 s of server starts on 2 cores).
 """
 
@@ -58,15 +58,13 @@ import sys
 import time
 from pathlib import Path
 
+from benchmark.bench_meta import run_dir, run_metadata
+from harness.live_server import HICACHE_ARGS, LiveServer, assert_all_gone
+from harness.live_workloads import run_bursts, run_conversations
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "benchmark"))
 
-from bench_meta import run_dir, run_metadata  # noqa: E402
-
-from harness.live_server import HICACHE_ARGS, LiveServer, assert_all_gone  # noqa: E402
-from harness.live_workloads import run_bursts, run_conversations  # noqa: E402
 
 POLICIES = ["round_robin", "total_requests", "cache_aware"]
 MODES = ["shuffled", "concurrent", "burst", "small_pool"]

@@ -52,7 +52,7 @@ time to read a request's tokens once into a u32 array (a fresh copy of the
 prompt, as the controller unpickles it), the least any policy that hashes the
 prompt in Python pays.
 
-Run: ``python benchmark/cache_aware_routing/bench_routing.py [--quick]`` with
+Run: ``python -m benchmark.cache_aware_routing.bench_routing [--quick]`` with
 the patched sglang importable (PYTHONPATH) and ``tests`` on the path.
 """
 
@@ -63,18 +63,16 @@ import hashlib
 import json
 import os
 import random
-import sys
 import time
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmark.bench_meta import run_dir, run_metadata
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "benchmark"))
 
-from bench_meta import run_dir, run_metadata  # noqa: E402
 
 PAGE = 16
 PREFILL_TPS = 20000.0  # prefill tokens per second per rank
@@ -150,7 +148,7 @@ def with_arrivals(rng, reqs, dp, utilization):
 
 class Rank:
     def __init__(self, kv_tokens, host_ratio):
-        from harness.stacks.radix_trees import build_tree, enable_hicache
+        from harness.stacks.radix_tree_fixtures import build_tree, enable_hicache
 
         self.kv_tokens = kv_tokens
         self.tree = build_tree(PAGE, "rust", kv_size=kv_tokens)
@@ -165,7 +163,7 @@ class Rank:
         return len(self.inflight), sum(n for _, n in self.inflight)
 
     def serve(self, req, now):
-        from harness.stacks.radix_trees import insert, match
+        from harness.stacks.radix_tree_fixtures import insert, match
 
         m = match(self.tree, req.prompt)
         gpu = m.device_prefix_len

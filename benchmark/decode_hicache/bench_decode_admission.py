@@ -2,8 +2,9 @@
 
 Both columns run the same seeded workloads through real ``UnifiedRadixCache``
 (HiCache host tier, L3 file backend) and decode-queue objects on CPU
-(``tests/harness/stacks/decode.py``; stand-ins only for the KV receiver, the
-two ``kvcacheio`` direct ops and pinned memory), each in a fresh interpreter:
+(``tests/harness/stacks/decode_hicache_stack.py``; stand-ins only for the KV
+receiver, the two ``kvcacheio`` direct ops and pinned memory), each in a fresh
+interpreter:
 ``upstream`` is the pristine pinned wheel with upstream's greedy admission,
 ``patched`` is the built series with ``--disaggregation-decode-enable-hicache``
 (host-span lock, read-only pre-check, batched planning, two-phase L3).
@@ -21,7 +22,7 @@ two ``kvcacheio`` direct ops and pinned memory), each in a fresh interpreter:
   to the restore outcome, outcome, tokens promised.
 
 Ratios are patched / upstream of the same run. Run with the project venv
-(``make install`` first): ``python benchmark/decode_hicache/bench_decode_admission.py [--quick]``.
+(``make install`` first): ``python -m benchmark.decode_hicache.bench_decode_admission [--quick]``.
 """
 
 from __future__ import annotations
@@ -29,22 +30,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from benchmark.bench_meta import run_dir, run_metadata
+from harness.compare import run_scenario
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "benchmark"))
 
-from bench_meta import run_dir, run_metadata  # noqa: E402
 
-from harness.compare import run_scenario  # noqa: E402
-
-SIM = "harness.scenarios.decode:admission_sim"
-L3 = "harness.scenarios.decode:l3_two_phase"
+SIM = "harness.scenarios.decode_hicache_scenarios:admission_sim"
+L3 = "harness.scenarios.decode_hicache_scenarios:l3_two_phase"
 
 CONFIGS = [
     # name, device tokens, host ratio, host churn tokens / step, restore every

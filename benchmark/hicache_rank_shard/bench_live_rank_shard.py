@@ -19,7 +19,7 @@ owns; the rest arrive in the owner's broadcast).  The table is printed; the JSON
 (run metadata with the git revision and series label, the parameters, summaries
 and per-request records) and a PNG go to ``--out`` (default ``results/``; one folder per run).
 
-Run: ``.venv/bin/python benchmark/hicache_rank_shard/bench_live_rank_shard.py``
+Run: ``.venv/bin/python -m benchmark.hicache_rank_shard.bench_live_rank_shard``
 (two pairs of server starts, a few minutes on 2 cores).
 """
 
@@ -35,15 +35,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmark.bench_meta import run_dir, run_metadata
+from harness import load_record
+from harness.live_server import HICACHE_ARGS, LiveServer, assert_all_gone
+
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "benchmark"))
 
-from bench_meta import run_dir, run_metadata  # noqa: E402
-
-from harness import load_record  # noqa: E402
-from harness.live_server import HICACHE_ARGS, LiveServer, assert_all_gone  # noqa: E402
 
 TP, DEVICE_TOKENS, RATIO = 2, 1024, 2
 MODELS = ["tiny-mla", "tiny-dsa"]

@@ -13,7 +13,7 @@
 
 Prints a table, writes results/<run>/bench_rank_shard.json and .png.
 
-    .venv/bin/python benchmark/hicache_rank_shard/bench_rank_shard.py [--quick]
+    .venv/bin/python -m benchmark.hicache_rank_shard.bench_rank_shard [--quick]
 """
 
 from __future__ import annotations
@@ -21,15 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
+from benchmark.bench_meta import run_dir, run_metadata
+
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "benchmark"))
-from bench_meta import run_dir, run_metadata  # noqa: E402
 
 LAYERS = 61
 KV_ROW, IX_ROW = 656, 132
@@ -105,7 +102,7 @@ def geometry_table() -> list[dict]:
 def _cpu_timing(rank, world, args):
     import torch
 
-    from harness.stacks.dsa import build_dsa_stack
+    from harness.stacks.dsa_hicache_stack import build_dsa_stack
 
     stack = build_dsa_stack(
         rank,
@@ -120,7 +117,7 @@ def _cpu_timing(rank, world, args):
     cc.load_fence_stream = torch.cpu.current_stream()
     shard = getattr(cc, "rank_shard", None)
     if args["mode"] == "copy_only":
-        from harness.scenarios.rank_shard import disable_exchange
+        from harness.scenarios.hicache_rank_shard_scenarios import disable_exchange
 
         disable_exchange(cc)
     from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer

@@ -25,9 +25,8 @@ for pkg in orjson==3.13.0 pybase64==1.5.1 msgspec==0.23.0 pydantic==2.14.4 pydan
 done
 # What the runs' JSON records as their revision and series label (no .git there).
 python3 - <<'PY'
-import json, sys
-sys.path.insert(0, "benchmark")
-from bench_meta import git_revision, series_label
+import json
+from benchmark.bench_meta import git_revision, series_label
 open(".gpu/revision.json", "w").write(
     json.dumps({"git_revision": git_revision(), "series_label": series_label()})
 )

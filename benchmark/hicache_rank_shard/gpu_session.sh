@@ -25,7 +25,7 @@ export PYTHONPATH=$PWD/tests/standins/gpu:$PWD/.gpu/site
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 nvidia-smi topo -m | head -4
 python3 -c "import torch, sglang; print('torch', torch.__version__, 'gpus', torch.cuda.device_count(), 'sglang', sglang.__version__)" || exit 1
-B=benchmark/hicache_rank_shard/gpu_tp_run.py
+B="-m benchmark.hicache_rank_shard.gpu_tp_run"
 python3 $B --mode sharded --tokens 4096 --layers 5 --iters 2 --out $OUT/smoke.json --timeout 200 || exit 1
 for mode in replicated sharded copy_only; do
   python3 $B --mode $mode --iters ${ITERS:-10} ${PROFILE:+--profile} ${TRACE:+--trace} --out $OUT/$mode.json --timeout 300

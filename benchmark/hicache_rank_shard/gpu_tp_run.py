@@ -23,7 +23,7 @@ Needs the patched sglang wheel and, without sgl-kernel, the test-only
 ``tests/standins/gpu`` package first on PYTHONPATH. Writes one JSON per mode;
 ``bench_rank_shard.py --gpu-results DIR`` turns them into the table and plot.
 
-    python benchmark/hicache_rank_shard/gpu_tp_run.py --mode sharded --out out.json
+    python -m benchmark.hicache_rank_shard.gpu_tp_run --mode sharded --out out.json
 """
 
 from __future__ import annotations
@@ -31,16 +31,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "benchmark"))
-from bench_meta import run_metadata  # noqa: E402
+from benchmark.bench_meta import run_metadata
 
 LAYERS = 61
 ROW = 656  # FP8 DSA latent bytes per token per layer
@@ -59,7 +55,7 @@ def _elapsed_ms(ack) -> float:
 
 
 def worker(rank: int, world: int, args: dict) -> dict:
-    from harness.stacks.dsa import build_dsa_stack
+    from harness.stacks.dsa_hicache_stack import build_dsa_stack
 
     cuda = args["device"] == "cuda"
     device = f"cuda:{rank}" if cuda else "cpu"
@@ -84,7 +80,7 @@ def worker(rank: int, world: int, args: dict) -> dict:
     cc.load_fence_stream = fwd
     shard = getattr(cc, "rank_shard", None)
     if args["mode"] == "copy_only":
-        from harness.scenarios.rank_shard import disable_exchange
+        from harness.scenarios.hicache_rank_shard_scenarios import disable_exchange
 
         disable_exchange(cc)
     gen = torch.Generator(device=device).manual_seed(1234)
@@ -157,9 +153,7 @@ def worker(rank: int, world: int, args: dict) -> dict:
         from sgl_kernel.page_runs import stats
 
         out["standin_plan_cache"] = dict(stats)
-        out["standin_copy"] = (
-            "batch" if standin._use_batch() else "2d" if standin.cupy else "page"
-        )
+        out["standin_copy"] = standin.copy_mode()
     except (ImportError, AttributeError):
         pass
     out["load_wall_ms"] = [w for w, _, _ in loads]
@@ -207,8 +201,7 @@ def _trace_one_load(cc, host, alloc, sync) -> dict:
 
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from trace_summary import summarize
+    from benchmark.hicache_rank_shard.trace_summary import summarize
 
     engine = cc.l2_transfer_engine
     exchange = getattr(getattr(cc, "rank_shard", None), "exchange", None)

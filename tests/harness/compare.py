@@ -1,17 +1,21 @@
 """Run one scenario against unpatched upstream and against the patched tree.
 
-``run_scenario("upstream" | "patched", "harness.scenarios.l2:l2_roundtrip",
-world_size, **kwargs)`` runs the scenario on ``world_size`` gloo ranks forked
-from that tree's warm interpreter (``harness.warm_tree``; the two sglang trees
-never meet in one process) whose ``sglang`` is
+``run_scenario("upstream" | "patched",
+"harness.scenarios.hicache_l2_scenarios:l2_roundtrip", world_size, **kwargs)``
+runs the scenario on ``world_size`` gloo ranks (``harness.gloo_ranks.run_ranks``)
+whose ``sglang`` is
 
 * ``upstream``: the pristine unpacked pinned wheel (``build/upstream/...``),
-  put first on ``PYTHONPATH``;
+  the ranks forked in that tree's warm interpreter
+  (``harness.tree_interpreter``), so the two sglang trees never meet in one
+  process;
 * ``patched``: the patched sglang installed in this interpreter's environment
-  (``make test`` installs the built wheel), or ``$SGL_PATCHED_TREE`` if set.
+  (``make test`` installs the built wheel), the ranks forked from this
+  process's fork server; or ``$SGL_PATCHED_TREE`` if set, through that
+  tree's warm interpreter.
 
-It returns the per-rank results; ``harness.diff.diff_results`` lists every
-difference between two runs.
+It returns the per-rank results; ``harness.result_diff.diff_results`` lists
+every difference between two runs.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+
+from harness.gloo_ranks import run_ranks
 
 TESTS_DIR = Path(__file__).resolve().parent.parent
 ROOT = TESTS_DIR.parent
@@ -54,8 +60,13 @@ def run_scenario(
     env: dict | None = None,
     **kwargs,
 ):
-    from harness.warm_tree import warm_tree
+    from harness.tree_interpreter import interpreter_for, run_target
 
-    return warm_tree(_tree_path(which)).run(
+    tree = _tree_path(which)
+    if tree is None:
+        return run_ranks(
+            run_target, world_size, target, timeout=timeout, env=env, **kwargs
+        )
+    return interpreter_for(tree).run(
         target, world_size, (), kwargs, timeout=timeout, env=env
     )

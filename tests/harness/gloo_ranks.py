@@ -8,12 +8,10 @@ timeout, or whose peer failed (they may block in a collective forever), are
 killed and the error names them. ``fn`` must be a module-level function.
 
 The ranks are forked by multiprocessing's fork server, which imports
-``PRELOAD`` (sglang's scheduler stack) once per test process, so a run costs
-its own work rather than an import of sglang per rank; each rank is still a
-process of its own, started from that clean image (never from the test
-process). ``set_runner`` installs another runner: this project's pytest setup
-installs its warm-interpreter runner (``harness.multiproc``), one warm image
-per sglang tree for the whole session.
+``PRELOAD`` (sglang's scheduler stack) once per process that runs ranks, so a
+run costs its own work rather than an import of sglang per rank; each rank is
+still a process of its own, started from that clean image (never from the
+calling process).
 """
 
 from __future__ import annotations
@@ -31,8 +29,8 @@ import traceback
 
 UPSTREAM_TEST_MODULE = "sglang.test.gloo_ranks"
 
-# Imported once by the fork server (and by harness.warm_tree), never by ranks;
-# a module missing from a tree is skipped and fails in the scenario needing it.
+# Imported once by the fork server, never by ranks; a module missing from a
+# tree is skipped and fails in the scenario needing it.
 PRELOAD = (
     "torch",
     "torch.distributed",
@@ -47,18 +45,9 @@ PRELOAD = (
     "sglang.srt.mem_cache.pool_host.dsa",
 )
 
-_runner = None
-
 
 class RankFailure(RuntimeError):
     pass
-
-
-def set_runner(runner) -> None:
-    """``runner(fn, world_size, *args, timeout, backend, env, **kwargs)``
-    replaces the fork-server runner (None restores it)."""
-    global _runner
-    _runner = runner
 
 
 def _die_with_parent() -> None:
@@ -166,9 +155,23 @@ def _started(*args) -> None:
     os._exit(rank_body(*args))
 
 
-def start_ranks(fn, world_size, args=(), kwargs=None, *, timeout, env, backend):
+def _context():
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(list(PRELOAD))  # used when the server starts
+    return ctx
+
+
+def start_fork_server() -> None:
+    """Start the fork server and wait until it has imported ``PRELOAD`` (a
+    process that serves many runs pays the import up front, not in its first
+    run)."""
+    proc = _context().Process(target=os.getpid)
+    proc.start()
+    proc.join()
+
+
+def start_ranks(fn, world_size, args=(), kwargs=None, *, timeout, env, backend):
+    ctx = _context()
     with tempfile.TemporaryDirectory() as tmp:
         procs = {
             rank: ctx.Process(
@@ -207,10 +210,8 @@ def run_ranks(
     env: dict | None = None,
     **kwargs,
 ):
-    if _runner is not None:
-        return _runner(
-            fn, world_size, *args, timeout=timeout, backend=backend, env=env, **kwargs
-        )
+    if "<locals>" in fn.__qualname__:
+        raise ValueError(f"{fn.__qualname__} must be a module-level function")
     return start_ranks(
         fn, world_size, args, kwargs, timeout=timeout, env=env, backend=backend
     )

@@ -2,7 +2,7 @@
 
 Test-only instrumentation (not a stand-in: it computes nothing the server
 uses).  In a CPU-server process started with ``SGLANG_TEST_LOAD_RECORD_DIR``
-set, ``standins.cpu_server`` wraps ``TorchNativeAttnBackend.forward_extend``:
+set, ``standins.cpu_server_standins`` wraps ``TorchNativeAttnBackend.forward_extend``:
 for each request of the batch with a cached prefix it appends one JSON line
 to ``DIR/rank<R>.jsonl`` with the layer, the prefix length and the SHA-256 of
 the prefix's device rows, read through the pool's own accessors (which wait

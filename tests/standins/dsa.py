@@ -1,6 +1,6 @@
 """CPU stand-ins for the DeepSeek-V3.2 (DSA) pieces 0.5.23 runs only on GPUs.
 
-Bound by ``standins.cpu_server`` into a CPU server's processes (live tests and
+Bound by ``standins.cpu_server_standins`` into a CPU server's processes (live tests and
 ``make serve-cpu``) when the modules below are imported; nowhere else.
 
 * ``device_capability_while``: ``arg_groups/model_hook.py``

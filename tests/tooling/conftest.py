@@ -3,6 +3,7 @@ real download cache and unpacked upstream tree (never the real build/src)."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import subprocess
@@ -13,6 +14,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
+
+
+def import_scripts(*names: str) -> list:
+    """The scripts ``names`` as modules. They import each other by file name
+    (``python3 scripts/x.py`` has scripts/ first on its path); scripts/ is on
+    the path only while they are imported."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        return [importlib.import_module(name) for name in names]
+    finally:
+        sys.path.remove(str(SCRIPTS))
 
 
 def run_script(script: str, *args: str, env: dict, check: bool = False):

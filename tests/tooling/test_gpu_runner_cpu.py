@@ -1,6 +1,7 @@
-"""The GPU runner (benchmark/hicache_rank_shard/gpu_tp_run.py) on CPU: two
-gloo ranks load a small sharded prefix back through the patched path,
-bit-exact, and the JSON records the git revision and series label. GPU time
+"""The GPU runner (``python -m benchmark.hicache_rank_shard.gpu_tp_run``) on
+CPU: two gloo ranks load a small sharded prefix back through the patched path,
+bit-exact, and the JSON records the command, the git revision and the series
+label. GPU time
 is scarce; this is what keeps the runner working between GPU sessions."""
 
 import json
@@ -15,11 +16,12 @@ def test_gpu_runner_runs_on_cpu_ranks(tmp_path):
     proc = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "benchmark" / "hicache_rank_shard" / "gpu_tp_run.py"),
+            *("-m", "benchmark.hicache_rank_shard.gpu_tp_run"),
             *("--mode", "sharded", "--tokens", "512", "--layers", "4"),
             *("--iters", "2", "--world", "2", "--device", "cpu"),
             *("--timeout", "600", "--out", str(out)),
         ],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=900,
@@ -31,3 +33,7 @@ def test_gpu_runner_runs_on_cpu_ranks(tmp_path):
     for rank in record["results"]:
         assert rank["sharded"] and rank["restore_mismatches"] == 0, rank
     assert record["git_revision"] and record["series_label"]
+    assert record["command"].split()[1:3] == [
+        "-m",
+        "benchmark.hicache_rank_shard.gpu_tp_run",
+    ], record["command"]

@@ -3,8 +3,8 @@
 Its memoized page-run plans must never be stale, and both its batched copies
 (one ``cudaMemcpyBatchAsync`` entry per page, as sglang-kernel issues them) and
 its strided 2-D copies must write exactly what the per-page CPU stand-in
-(tests/standins/kvcacheio.py, the real op's semantics) writes. The CUDA calls
-are replaced by host ``memmove``s on CPU tensors (per entry, per row), so the
+(tests/standins/cpu_kvcacheio_standin.py, the real op's semantics) writes. The
+CUDA calls are replaced by host ``memmove``s on CPU tensors (per entry, per row), so the
 very addresses, sizes and pitches the GPU stand-in computes are exercised.
 """
 
@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from standins import kvcacheio as reference
+from standins import cpu_kvcacheio_standin as reference
 
 GPU = Path(__file__).resolve().parents[1] / "standins" / "gpu" / "sgl_kernel"
 
 
-def _load(name: str, path: Path):
+def load_module(name: str, path: Path):
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -38,12 +38,12 @@ def gpu_standin(monkeypatch):
     """The stand-in's modules, loaded by path under a throw-away ``sgl_kernel``
     (the real package's import hook is never installed in this process)."""
     package = types.ModuleType("sgl_kernel")
-    package._missing = lambda name: None
+    package.missing_op = lambda name: None
     monkeypatch.setitem(sys.modules, "sgl_kernel", package)
     monkeypatch.delitem(sys.modules, "sgl_kernel.page_runs", raising=False)
     monkeypatch.delitem(sys.modules, "sgl_kernel.kvcacheio", raising=False)
-    page_runs = _load("sgl_kernel.page_runs", GPU / "page_runs.py")
-    kvio = _load("sgl_kernel.kvcacheio", GPU / "kvcacheio.py")
+    page_runs = load_module("sgl_kernel.page_runs", GPU / "page_runs.py")
+    kvio = load_module("sgl_kernel.kvcacheio", GPU / "kvcacheio.py")
 
     def memcpy2d(dst, dst_pitch, src, src_pitch, width, height):
         assert width <= dst_pitch and width <= src_pitch

@@ -3,15 +3,10 @@ generated from them, and PR.md paragraphs that are not cut at a prose line
 that looks like a field."""
 
 import re
-import sys
 
-from .conftest import ROOT, run_script
+from .conftest import ROOT, import_scripts, run_script
 
-sys.path.insert(0, str(ROOT / "scripts"))
-try:
-    import headers
-finally:
-    sys.path.pop(0)
+(headers,) = import_scripts("headers")
 
 
 def test_every_patch_has_every_field():

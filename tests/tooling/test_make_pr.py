@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from .conftest import ROOT, run_script
+from .conftest import ROOT, import_scripts, run_script
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from common import ToolError, group_needs  # noqa: E402
@@ -171,14 +171,8 @@ def test_a_group_using_another_groups_lines_is_refused(sandbox):
 
 
 def test_every_registered_test_declares_exactly_one_group():
-    import sys
-
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import pr_tests
-        from common import read_series
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    pr_tests, common = import_scripts("pr_tests", "common")
+    read_series = common.read_series
     groups = {name.split("/")[0] for name in read_series()}
     files = pr_tests.registered_tests()
     assert files

@@ -7,19 +7,16 @@ module, or a suite upstream does not run, is refused."""
 import ast
 import concurrent.futures
 import re
-import sys
 
 import pytest
 
-from .conftest import ROOT, run_script, sandbox_env
+from .conftest import import_scripts, run_script, sandbox_env
 
-sys.path.insert(0, str(ROOT / "scripts"))
-import pr_check  # noqa: E402
-import pr_tests  # noqa: E402
-import warm_python  # noqa: E402
-from common import ToolError, group_needs, read_series  # noqa: E402
-
-sys.path.remove(str(ROOT / "scripts"))
+pr_check, pr_tests, warm_python, common = import_scripts(
+    "pr_check", "pr_tests", "warm_python", "common"
+)
+ToolError, read_series = common.ToolError, common.read_series
+group_needs = common.group_needs
 
 GROUPS = sorted({name.split("/")[0] for name in read_series()})
 
@@ -171,7 +168,7 @@ def test_a_prefix_that_does_not_import_is_refused_naming_its_patch(
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "half.py").write_text("from sglang.missing_part import thing\n")
-    env = pr_check._env(tmp_path)
+    env = pr_check.layout_env(tmp_path)
     pr_check.import_check(cold_python, tmp_path, env, [], "x/0001-ok.patch")
     with pytest.raises(ToolError, match=r"up to x/0002-half.patch does not import"):
         pr_check.import_check(
@@ -227,7 +224,7 @@ def test_pristine_run_requires_failure_unless_declared(
         'register_cpu_ci(est_time=5, suite="base-a-test-cpu")\n'
         f"raise SystemExit({exit_code})\n"
     )
-    env = pr_check._env(tmp_path)
-    row = pr_check._run_pristine(cold_python, tmp_path, test, env, reason)
+    env = pr_check.layout_env(tmp_path)
+    row = pr_check.run_pristine(cold_python, tmp_path, test, env, reason)
     assert row[0] == "test/test_x.py (pristine 0.5.23)"
     assert (row[3] == "pass") is ok, row

@@ -6,12 +6,9 @@ collected."""
 import subprocess
 import sys
 
-from .conftest import ROOT
+from .conftest import ROOT, import_scripts
 
-sys.path.insert(0, str(ROOT / "scripts"))
-import pr_tests  # noqa: E402
-
-sys.path.remove(str(ROOT / "scripts"))
+(pr_tests,) = import_scripts("pr_tests")
 
 
 def _collected(*args) -> set[str]:

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from .conftest import ROOT, run_script
+from .conftest import ROOT, import_scripts, run_script
 
 MOVED = "cache-aware-routing/0003-dp-cache-aware-load-balance-method.patch"
 CONTEXT = "hicache-rank-shard/0001-l2-transfer-move-layer-loop-into-load-layer.patch"
@@ -161,15 +161,7 @@ def test_survey_reports_without_writing(repo_sandbox, tmp_path):
 
 
 def test_pin_for_the_new_release_loads(tmp_path):
-    import sys
-
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import rebase
-
-        import upstream
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    rebase, upstream = import_scripts("rebase", "upstream")
     wheel = tmp_path / "sglang-0.5.99-cp312-cp312-manylinux_2_34_x86_64.whl"
     wheel.write_bytes(b"not really a wheel")
     pin_file = tmp_path / "pin.toml"

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .conftest import ROOT, run_script
+from .conftest import ROOT, import_scripts, run_script
 
 GIT_ENV = {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
 
@@ -287,11 +287,7 @@ def test_make_pr_rewrites_to_upstream_layout(sandbox):
 
 
 def test_make_pr_drops_header_fields_with_their_continuation_lines():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import make_pr
-    finally:
-        sys.path.pop(0)
+    (make_pr,) = import_scripts("make_pr")
     text = (
         "Subject: [PATCH] x\n\nWhy: because.\nHow: so.\n"
         "Upstream-Status: not yet submitted; relates to\n"

@@ -18,9 +18,9 @@ from pathlib import Path
 import psutil
 import requests
 
+from harness.live_server import START_TIMEOUT_S, free_port
+
 ROOT = Path(__file__).resolve().parent.parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-from harness.live_server import START_TIMEOUT_S, free_port  # noqa: E402
 
 
 def readme_example() -> dict:

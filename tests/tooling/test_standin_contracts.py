@@ -9,8 +9,9 @@ import types
 import pytest
 import torch
 
-from standins import dsa, kvcacheio
-from standins.cpu_server import KernelStandIn
+from standins import cpu_kvcacheio_standin as kvcacheio
+from standins import dsa
+from standins.cpu_server_standins import KernelStandIn
 
 
 def test_kernel_standin_is_not_truthy_and_raises_when_called():
@@ -38,9 +39,9 @@ def test_kvcacheio_requires_equal_index_counts():
 
 
 def test_gpu_standin_requires_equal_page_counts():
-    from tests.tooling.test_gpu_standin import GPU, _load
+    from tooling.test_gpu_standin import GPU, load_module
 
-    page_runs = _load("sgl_kernel.page_runs", GPU / "page_runs.py")
+    page_runs = load_module("sgl_kernel.page_runs", GPU / "page_runs.py")
     with pytest.raises(ValueError, match="equal counts"):
         page_runs.find_runs(torch.arange(3), torch.arange(2), 1, 1)
 

@@ -4,17 +4,13 @@ path, its exit status, multiprocessing children started from its folder, and
 a job past its time limit killed with its session."""
 
 import os
-import sys
 import time
 
 import pytest
 
-from .conftest import ROOT
+from .conftest import import_scripts
 
-sys.path.insert(0, str(ROOT / "scripts"))
-import warm_python  # noqa: E402
-
-sys.path.remove(str(ROOT / "scripts"))
+(warm_python,) = import_scripts("warm_python")
 
 SCRIPT = """
 import multiprocessing as mp, os, sys

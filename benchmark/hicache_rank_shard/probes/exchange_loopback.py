@@ -13,7 +13,7 @@ out so that some layers have two owners (two broadcasts); ``--staging-mb``
 small makes a layer take several broadcasts. On one GPU it checks the CUDA
 path of the exchange; on the CPU it runs as a smoke test.
 
-    python benchmark/hicache_rank_shard/probes/exchange_loopback.py --device cuda
+    python -m benchmark.hicache_rank_shard.probes.exchange_loopback --device cuda
 """
 
 from __future__ import annotations
@@ -21,15 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import queue
-import sys
 import threading
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench_meta import gpu_names, run_metadata  # noqa: E402
+from benchmark.bench_meta import gpu_names, run_metadata
 
 KV_ROW, IX_PAGE, PAGE = 656, 8448, 64
 

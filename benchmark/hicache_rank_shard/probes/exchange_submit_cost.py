@@ -13,7 +13,7 @@ cost, not NCCL's or the copies'. ``--device cuda --dsa-rows`` runs it on a GPU
 with DeepSeek-V3.2 rows (real gather and scatter launches on the exchange's
 side stream). Run it with two installed wheels to compare them:
 
-    python benchmark/hicache_rank_shard/probes/exchange_submit_cost.py
+    python -m benchmark.hicache_rank_shard.probes.exchange_submit_cost
 """
 
 from __future__ import annotations
@@ -21,15 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench_meta import gpu_names, run_metadata  # noqa: E402
+from benchmark.bench_meta import gpu_names, run_metadata
 
 
 def main():

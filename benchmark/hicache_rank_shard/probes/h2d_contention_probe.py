@@ -10,7 +10,7 @@ broadcast's owner does), (b) peer copies GPU 1 -> GPU 0 (a receiver),
 exchange's staging does). Prints and writes JSON with the ratios against the
 copy alone.
 
-Run on a 2-GPU host: ``python benchmark/hicache_rank_shard/probes/h2d_contention_probe.py --out probe.json``.
+Run on a 2-GPU host: ``python -m benchmark.hicache_rank_shard.probes.h2d_contention_probe --out probe.json``.
 """
 
 from __future__ import annotations
@@ -18,13 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench_meta import run_metadata  # noqa: E402
+from benchmark.bench_meta import run_metadata
 
 
 def main():

@@ -9,7 +9,7 @@ rank-shard exchange's traffic: per layer one broadcast of ``--bcast-mb`` MB,
 owners alternating. Prints and writes JSON with the ratios against the
 contiguous copy alone.
 
-Run on a 2-GPU host: ``python benchmark/hicache_rank_shard/probes/h2d_nccl_probe.py --out probe.json``.
+Run on a 2-GPU host: ``python -m benchmark.hicache_rank_shard.probes.h2d_nccl_probe --out probe.json``.
 """
 
 from __future__ import annotations
@@ -20,15 +20,12 @@ import glob
 import json
 import os
 import statistics
-import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench_meta import run_metadata  # noqa: E402
+from benchmark.bench_meta import run_metadata
 
 
 def _memcpy2d():

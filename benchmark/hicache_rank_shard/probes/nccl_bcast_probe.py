@@ -5,16 +5,12 @@ host whose NCCL falls back to shared host memory broadcasts at PCIe rates and
 the exchange then competes with the H2D copies. Prints P2P access, the layer
 broadcast time for DSA-shaped layers (78.8 MB = 100K tokens x 788 B) and GB/s.
 
-    NCCL_DEBUG=INFO python benchmark/hicache_rank_shard/probes/nccl_bcast_probe.py
+    NCCL_DEBUG=INFO python -m benchmark.hicache_rank_shard.probes.nccl_bcast_probe
 """
 
 import os
-import sys
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))
 
 
 def probe(rank, world, nbytes, iters):

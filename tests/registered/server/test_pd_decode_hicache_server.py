@@ -6,7 +6,7 @@ seed's decode-HiCache interface, KV moved by mooncake over TCP.
 is refused by prefill servers, ``nixl`` registers the KV pool as VRAM (UCX
 without CUDA refuses it), ``mori`` and ``ascend`` need ROCm / NPU.  Two CPU
 gaps of the prefill's send path are bridged: the pinned-memory page-index
-staging (``tests/standins/cpu_server.py``) and the early send of cached
+staging (``tests/standins/cpu_server_standins.py``) and the early send of cached
 prefixes, which records a ``torch.cuda.Event``
 (``SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX=false``).
 

@@ -3,9 +3,9 @@ batched pre-allocation planning, two-phase L3 prefetch (the host-span lock is
 the fixes group's, test_decode_host_span_lock.py).
 
 Runs real ``UnifiedRadixCache`` (HiCache host tier) and decode queue objects on
-CPU (``harness.stacks.decode``; stand-ins only for the KV receiver, the two
-``kvcacheio`` direct ops and pinned registration) in gloo ranks, on both radix
-tree cores: each class runs on the Python core and its ``...Rust`` subclass on
+CPU (``harness.stacks.decode_hicache_stack``; stand-ins only for the KV receiver,
+the two ``kvcacheio`` direct ops and pinned registration) in gloo ranks, on both
+radix tree cores: each class runs on the Python core and its ``...Rust`` subclass on
 the Rust core (0.5.23's default). "Greedy" is the same scenario with the
 feature off (``seed_flag=False``), i.e. 0.5.23's admission. Identical scenario runs
 are shared between tests.
@@ -17,9 +17,9 @@ import unittest
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from harness.diff import diff_results
 from harness.gloo_ranks import run_ranks
-from harness.scenarios.decode import (
+from harness.result_diff import diff_results
+from harness.scenarios.decode_hicache_scenarios import (
     admission_sim,
     head_of_queue_admission,
     host_span_restore,

@@ -1,8 +1,8 @@
 """Decode-side HiCache admission against unpatched upstream 0.5.23: the
 failures it and the fixes group fix reproduce on pristine upstream, and with
 the feature off the patched tree behaves exactly like upstream where no fix
-applies (``harness.compare``; the scenarios
-of ``harness.scenarios.decode`` on both radix tree cores).
+applies (``harness.compare``; the scenarios of
+``harness.scenarios.decode_hicache_scenarios`` on both radix tree cores).
 """
 
 import tempfile
@@ -11,15 +11,15 @@ import unittest
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.compare import run_scenario
-from harness.diff import diff_results
+from harness.result_diff import diff_results
 
 register_cpu_ci(est_time=240, suite="base-a-test-cpu")
 FEATURE_GROUP = "decode-hicache"  # the series group it tests (or "series")
-PROJECT_ONLY = "compares with unpatched upstream on this project's warm trees"
+PROJECT_ONLY = "compares with unpatched upstream (this project's harness.compare)"
 
-HOST_SPAN = "harness.scenarios.decode:host_span_restore"
-SIM = "harness.scenarios.decode:admission_sim"
-L3 = "harness.scenarios.decode:l3_two_phase"
+HOST_SPAN = "harness.scenarios.decode_hicache_scenarios:host_span_restore"
+SIM = "harness.scenarios.decode_hicache_scenarios:admission_sim"
+L3 = "harness.scenarios.decode_hicache_scenarios:l3_two_phase"
 PRESSURE = dict(size=1024, steps=24, arrivals=(1, 4))
 HOST_CHURN = dict(
     size=1536,

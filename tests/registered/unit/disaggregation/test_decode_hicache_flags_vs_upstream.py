@@ -11,8 +11,8 @@ import unittest
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.compare import run_scenario
-from harness.diff import diff_results
-from harness.scenarios.decode_flags import write_model_config
+from harness.result_diff import diff_results
+from harness.scenarios.decode_hicache_flag_scenarios import write_model_config
 
 # The command lines of the PR test this comparison complements (same folder).
 from test_decode_hicache_flags import (  # isort: skip
@@ -25,9 +25,9 @@ from test_decode_hicache_flags import (  # isort: skip
 
 register_cpu_ci(est_time=90, suite="base-a-test-cpu")
 FEATURE_GROUP = "decode-hicache"  # the series group it tests (or "series")
-PROJECT_ONLY = "compares with unpatched upstream on this project's warm trees"
+PROJECT_ONLY = "compares with unpatched upstream (this project's harness.compare)"
 
-SCENARIO = "harness.scenarios.decode_flags:resolve_command_lines"
+SCENARIO = "harness.scenarios.decode_hicache_flag_scenarios:resolve_command_lines"
 
 
 # Full resolution pipeline (CPU, tiny local model config), upstream vs patched.

@@ -4,7 +4,7 @@ of a prefix match until its restore (upstream's own flags; no series flag).
 0.5.23 promises prefill the host-only part of a match but locks only the last
 device node: host eviction before the restore is queued drops the promised
 span, the restore FAILs and the request is aborted (HTTP 500). Real
-``UnifiedRadixCache`` and decode queues on CPU (``harness.stacks.decode``),
+``UnifiedRadixCache`` and decode queues on CPU (``harness.stacks.decode_hicache_stack``),
 both radix tree cores; the churn workload is benchmark/decode_hicache's
 "host-churn" configuration, where 0.5.23's admission fails restores.
 """
@@ -15,7 +15,7 @@ import unittest
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.gloo_ranks import run_ranks
-from harness.scenarios.decode import admission_sim, host_span_restore
+from harness.scenarios.decode_hicache_scenarios import admission_sim, host_span_restore
 
 register_cpu_ci(est_time=120, suite="base-a-test-cpu")
 FEATURE_GROUP = "fixes"  # the series group it tests (or "series")

@@ -7,8 +7,8 @@ prefill every matched token, the host-only ones included, so a request whose
 match is 1-9 host-only tokens fails its restore and the request is aborted (on
 a live PD server: "HiCache load_back failed ... expected decode_prefix_len=1
 (l1=0, l2=1, l3=0)", the client gets an error). Real ``UnifiedRadixCache``
-and decode queues on CPU (``harness.stacks.decode``), page size 4, both tree
-cores; the span at the threshold is the control that is still restored.
+and decode queues on CPU (``harness.stacks.decode_hicache_stack``), page size 4,
+both tree cores; the span at the threshold is the control that is still restored.
 """
 
 import unittest
@@ -16,7 +16,7 @@ import unittest
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.gloo_ranks import run_ranks
-from harness.scenarios.decode import short_host_span
+from harness.scenarios.decode_hicache_scenarios import short_host_span
 
 register_cpu_ci(est_time=60, suite="base-a-test-cpu")
 FEATURE_GROUP = "fixes"  # the series group it tests (or "series")

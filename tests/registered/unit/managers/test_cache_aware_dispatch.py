@@ -13,7 +13,11 @@ import unittest
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.gloo_ranks import run_ranks
-from harness.scenarios.routing import cache_aware_cases, pending_cases, stall_cases
+from harness.scenarios.dp_routing_scenarios import (
+    cache_aware_cases,
+    pending_cases,
+    stall_cases,
+)
 
 register_cpu_ci(est_time=60, suite="base-a-test-cpu")
 FEATURE_GROUP = "cache-aware-routing"  # the series group it tests (or "series")

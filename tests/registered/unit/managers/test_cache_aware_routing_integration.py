@@ -13,7 +13,7 @@ import unittest
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.gloo_ranks import run_ranks
-from harness.scenarios.routing import cache_aware_end_to_end
+from harness.scenarios.dp_routing_scenarios import cache_aware_end_to_end
 
 register_cpu_ci(est_time=120, suite="base-a-test-cpu")
 FEATURE_GROUP = "cache-aware-routing"  # the series group it tests (or "series")

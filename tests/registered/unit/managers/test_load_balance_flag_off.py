@@ -1,6 +1,6 @@
 """Flag off = upstream: the existing load-balance methods dispatch identically.
 
-Runs ``harness.scenarios.routing.dispatch_trace`` -- upstream's
+Runs ``harness.scenarios.dp_routing_scenarios.dispatch_trace`` -- upstream's
 ``DataParallelController`` over scheduler stand-ins, seeded requests (lengths,
 bootstrap rooms) and seeded per-rank loads written through the real SHM
 load-snapshot writers -- against pristine upstream 0.5.23 and against the
@@ -12,13 +12,13 @@ import unittest
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.compare import run_scenario
-from harness.diff import diff_results
+from harness.result_diff import diff_results
 
 register_cpu_ci(est_time=210, suite="base-a-test-cpu")
 FEATURE_GROUP = "cache-aware-routing"  # the series group it tests (or "series")
 PROJECT_ONLY = "compares dispatch traces with unpatched upstream"
 
-SCENARIO = "harness.scenarios.routing:dispatch_trace"
+SCENARIO = "harness.scenarios.dp_routing_scenarios:dispatch_trace"
 METHODS = ("round_robin", "total_requests", "total_tokens", "follow_bootstrap_room")
 
 

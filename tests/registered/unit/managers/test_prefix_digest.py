@@ -19,7 +19,13 @@ from harness.dp_routing_fixtures import (
     page_hash_digests,
     request_page_hashes,
 )
-from harness.stacks.radix_trees import build_tree, enable_hicache, evict, insert, match
+from harness.stacks.radix_tree_fixtures import (
+    build_tree,
+    enable_hicache,
+    evict,
+    insert,
+    match,
+)
 
 register_cpu_ci(est_time=60, suite="base-a-test-cpu")
 FEATURE_GROUP = "cache-aware-routing"  # the series group it tests (or "series")

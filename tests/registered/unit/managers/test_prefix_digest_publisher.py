@@ -13,7 +13,7 @@ import uuid
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from harness.stacks.radix_trees import build_tree, insert
+from harness.stacks.radix_tree_fixtures import build_tree, insert
 
 register_cpu_ci(est_time=20, suite="base-a-test-cpu")
 FEATURE_GROUP = "cache-aware-routing"  # the series group it tests (or "series")

@@ -14,8 +14,8 @@ from unittest import mock
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.gloo_ranks import RankFailure, run_ranks
-from harness.scenarios.rank_shard import sharded_roundtrip
-from harness.stacks.dsa import dsa_device_pool, publish_server_args
+from harness.scenarios.hicache_rank_shard_scenarios import sharded_roundtrip
+from harness.stacks.dsa_hicache_stack import dsa_device_pool, publish_server_args
 
 register_cpu_ci(est_time=300, suite="base-a-test-cpu")
 FEATURE_GROUP = "hicache-rank-shard"  # the series group it tests (or "series")
@@ -301,7 +301,7 @@ class TestRankShardPlanInactive(unittest.TestCase):
             rank_shard_inactive_reasons,
         )
 
-        from harness.stacks.dsa import mla_device_pool
+        from harness.stacks.dsa_hicache_stack import mla_device_pool
 
         self.assertEqual(rank_shard_inactive_reasons(mla_device_pool(layer_num=4)), [])
         reasons = rank_shard_inactive_reasons(mla_device_pool(layer_num=1))

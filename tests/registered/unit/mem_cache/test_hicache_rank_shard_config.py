@@ -16,8 +16,8 @@ import torch
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.gloo_ranks import run_ranks
-from harness.scenarios.rank_shard import inactive_reasons
-from harness.stacks.dsa import dsa_device_pool, publish_server_args
+from harness.scenarios.hicache_rank_shard_scenarios import inactive_reasons
+from harness.stacks.dsa_hicache_stack import dsa_device_pool, publish_server_args
 
 register_cpu_ci(est_time=40, suite="base-a-test-cpu")
 FEATURE_GROUP = "hicache-rank-shard"  # the series group it tests (or "series")

@@ -8,22 +8,19 @@ import unittest
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.compare import run_scenario
-from harness.diff import diff_results
+from harness.result_diff import diff_results
 
 register_cpu_ci(est_time=60, suite="base-a-test-cpu")
 FEATURE_GROUP = "hicache-rank-shard"  # the series group it tests (or "series")
-PROJECT_ONLY = "compares with unpatched upstream on this project's warm trees"
+PROJECT_ONLY = "compares with unpatched upstream (this project's harness.compare)"
+SCENARIO = "harness.scenarios.hicache_rank_shard_scenarios:sharded_roundtrip"
 
 
 class TestRankShardFlagOff(unittest.TestCase):
     def test_two_ranks_flag_off_equal_upstream(self):
         kwargs = dict(seed=7, steps=24, count_groups=True)
-        upstream = run_scenario(
-            "upstream", "harness.scenarios.rank_shard:sharded_roundtrip", 2, **kwargs
-        )
-        patched = run_scenario(
-            "patched", "harness.scenarios.rank_shard:sharded_roundtrip", 2, **kwargs
-        )
+        upstream = run_scenario("upstream", SCENARIO, 2, **kwargs)
+        patched = run_scenario("patched", SCENARIO, 2, **kwargs)
         self.assertEqual(upstream[0]["sglang"]["version"], "0.5.23")
         self.assertTrue(patched[0]["sglang"]["version"].startswith("0.5.23+"))
         for r in upstream + patched:

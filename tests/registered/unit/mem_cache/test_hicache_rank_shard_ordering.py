@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.gloo_ranks import run_ranks
-from harness.scenarios.rank_shard import gate_paths
+from harness.scenarios.hicache_rank_shard_scenarios import gate_paths
 
 register_cpu_ci(est_time=60, suite="base-a-test-cpu")
 FEATURE_GROUP = "hicache-rank-shard"  # the series group it tests (or "series")

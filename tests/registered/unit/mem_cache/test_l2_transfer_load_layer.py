@@ -12,13 +12,13 @@ import unittest
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.compare import run_scenario
-from harness.diff import diff_results
+from harness.result_diff import diff_results
 
 register_cpu_ci(est_time=60, suite="base-a-test-cpu")
 FEATURE_GROUP = "hicache-rank-shard"  # the series group it tests (or "series")
 PROJECT_ONLY = "compares transfer traces and contents with unpatched upstream"
 
-SCENARIO = "harness.scenarios.l2:l2_roundtrip"
+SCENARIO = "harness.scenarios.hicache_l2_scenarios:l2_roundtrip"
 
 
 def _strip_identity(results):

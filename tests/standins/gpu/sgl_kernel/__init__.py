@@ -39,21 +39,21 @@ class _Stub:
         return f"<sgl_kernel stand-in {self._qualname}>"
 
 
-def _missing(qualname):
+def missing_op(qualname):
     return _Stub(qualname)
 
 
 def __getattr__(name):
     if name.startswith("__"):
         raise AttributeError(name)
-    return _missing(f"sgl_kernel.{name}")
+    return missing_op(f"sgl_kernel.{name}")
 
 
 class _StubModule(types.ModuleType):
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
-        return _missing(f"{self.__name__}.{name}")
+        return missing_op(f"{self.__name__}.{name}")
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):

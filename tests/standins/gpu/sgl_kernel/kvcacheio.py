@@ -1,6 +1,7 @@
 """The two ``page_first_direct`` direct ops on CUDA tensors (test-only stand-in).
 
-Semantics per page ``i`` (``ps`` = page size; see tests/standins/kvcacheio.py):
+Semantics per page ``i`` (``ps`` = page size; see
+tests/standins/cpu_kvcacheio_standin.py):
 D2H ``dst[b][dst_idx[i*ps] // ps][j][:ps] = src[b*L + j][src_idx[i*ps] : +ps]``;
 H2D ``dst[b][dst_idx[i*ps] : +ps] = src[b][src_idx[i*ps] // ps][layer_id]``.
 
@@ -27,7 +28,7 @@ import ctypes
 import os
 
 import torch
-from sgl_kernel import _missing
+from sgl_kernel import missing_op
 from sgl_kernel.page_runs import equal_count, page_starts, plan
 
 try:
@@ -117,6 +118,14 @@ def _copy_batch(dsts: torch.Tensor, srcs: torch.Tensor, sizes: torch.Tensor):
 
 def _use_batch() -> bool:
     return MODE == "batch" and _batch_function()[0] is not None
+
+
+def copy_mode() -> str:
+    """How the copies are issued in this process: ``batch``, ``2d`` or
+    ``page`` (no CuPy)."""
+    if _use_batch():
+        return "batch"
+    return "2d" if cupy else "page"
 
 
 def h2d_entries(src, dst, src_indices, dst_indices, layer_id, page_size):
@@ -239,4 +248,4 @@ def transfer_kv_all_layer_direct_lf_pf(
 def __getattr__(name):
     if name.startswith("__"):
         raise AttributeError(name)
-    return _missing(f"sgl_kernel.kvcacheio.{name}")
+    return missing_op(f"sgl_kernel.kvcacheio.{name}")

@@ -13,13 +13,13 @@ import random
 
 import torch
 
-from harness.scenarios.l2 import sglang_identity
+from harness.scenarios.hicache_l2_scenarios import sglang_identity
 
 UPSTREAM_TEST_MODULE = "sglang.test.decode_hicache_scenarios"
 
 
 def _stack(rank, world_size, seed_flag, **kw):
-    from harness.stacks.decode import build_decode_stack
+    from harness.stacks.decode_hicache_stack import build_decode_stack
 
     overrides = dict(kw.pop("server_args_overrides", {}) or {})
     if seed_flag:
@@ -46,7 +46,7 @@ def host_span_restore(
     first two restored device rows (a restore that misplaced them)."""
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
-    from harness.stacks.decode import random_tokens
+    from harness.stacks.decode_hicache_stack import random_tokens
 
     stack = _stack(rank, world_size, seed_flag, size=1024, tree_core=tree_core)
     rng = random.Random(7)
@@ -114,7 +114,7 @@ def short_host_span(
     host memory (its device copy evicted), nothing on the device: what the
     decode worker promises prefill, and how the restore ends. The tree loads
     back no host span shorter than its ``load_back_threshold``."""
-    from harness.stacks.decode import random_tokens
+    from harness.stacks.decode_hicache_stack import random_tokens
 
     stack = _stack(
         rank, world_size, False, size=1024, page_size=page_size, tree_core=tree_core
@@ -234,7 +234,7 @@ def admission_sim(
     the peeks."""
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
-    from harness.stacks.decode import random_tokens
+    from harness.stacks.decode_hicache_stack import random_tokens
 
     if consensus_checker:
         from types import SimpleNamespace
@@ -446,7 +446,7 @@ def l3_two_phase(
 
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
-    from harness.stacks.decode import random_tokens
+    from harness.stacks.decode_hicache_stack import random_tokens
 
     stack = _l3_stack(rank, world_size, seed_flag, storage_dir, policy, tree_core)
     rng = random.Random(11)
@@ -582,7 +582,7 @@ def peek_vs_match(
     from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
     from sglang.srt.mem_cache.radix_cache import RadixKey
 
-    from harness.stacks.decode import random_tokens
+    from harness.stacks.decode_hicache_stack import random_tokens
 
     stack = _stack(rank, world_size, False, size=2048, tree_core=tree_core)
     ps = stack.page_size
@@ -648,7 +648,7 @@ def _stack_with_cached_prefixes(rank, world_size, seed, pages, tree_core, count=
     """A patched decode stack with ``count`` random prefixes of ``pages`` pages
     cached (device and host); returns the stack, the seeded token RNG (for
     the caller's further tokens) and the prefixes."""
-    from harness.stacks.decode import random_tokens
+    from harness.stacks.decode_hicache_stack import random_tokens
 
     stack = _stack(rank, world_size, True, size=1024, tree_core=tree_core)
     ps = stack.page_size
@@ -666,7 +666,7 @@ def planned_then_released(
     """Abort in the planned phase: plan a batch (matches locked, host spans
     locked, batch eviction done), release it without committing, then admit
     the same requests through pop_preallocated."""
-    from harness.stacks.decode import random_tokens
+    from harness.stacks.decode_hicache_stack import random_tokens
 
     stack, rng, prefixes = _stack_with_cached_prefixes(
         rank, world_size, seed, 12, tree_core
@@ -715,7 +715,7 @@ def head_of_queue_admission(
     (max_new_tokens) while the next request reuses a large cached prefix:
     the admission check of the head must see the budget greedy would see
     (only its own and earlier prefixes locked)."""
-    from harness.stacks.decode import random_tokens
+    from harness.stacks.decode_hicache_stack import random_tokens
 
     stack = _stack(rank, world_size, seed_flag, size=1024, tree_core=tree_core)
     rng = random.Random(21)
@@ -746,7 +746,7 @@ def plan_digest(
     """One plan over a queue whose prefixes are partly cached; returns the
     plan digest that ranks compare (``diverge_rank`` reserves more decode
     tokens per request on that rank only)."""
-    from harness.stacks.decode import random_tokens
+    from harness.stacks.decode_hicache_stack import random_tokens
 
     stack, rng, prefixes = _stack_with_cached_prefixes(
         rank, world_size, seed, 16, tree_core

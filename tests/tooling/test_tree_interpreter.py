@@ -1,7 +1,8 @@
-"""The harness's warm interpreters (``harness.warm_tree``) and forked ranks
-(``harness.multiproc``): results in rank order, failures named with their
-traceback, hung ranks killed at the timeout, per-request environment that does
-not leak into the next request, and one sglang tree per warm interpreter."""
+"""The harness's rank runs: ``harness.gloo_ranks.run_ranks`` (results in rank
+order, failures named with their traceback, hung ranks killed at the timeout,
+per-run environment that does not leak into the next run) and the warm
+interpreter of another sglang tree (``harness.tree_interpreter``: one tree per
+interpreter)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 import pytest
 
 from harness.compare import run_scenario
-from harness.multiproc import RankFailure, run_ranks
+from harness.gloo_ranks import RankFailure, run_ranks
 
 ME = __name__
 
@@ -60,7 +61,7 @@ def _gone(pid: int) -> bool:
 
 
 def test_ranks_are_separate_processes_in_one_group():
-    out = run_ranks(rank_info, 4, timeout=300, key="WARM_TREE_PROBE")
+    out = run_ranks(rank_info, 4, timeout=300, key="RANK_ENV_PROBE")
     assert [r["rank"] for r in out] == [0, 1, 2, 3]
     assert {r["world"] for r in out} == {4}
     assert {r["sum"] for r in out} == {10}
@@ -68,13 +69,13 @@ def test_ranks_are_separate_processes_in_one_group():
 
 
 def test_env_is_per_request():
-    out = run_ranks(rank_info, 2, timeout=300, env={"WARM_TREE_PROBE": "x"})
+    out = run_ranks(rank_info, 2, timeout=300, env={"RANK_ENV_PROBE": "x"})
     assert [r["env"] for r in out] == [None, None]  # key not asked for
     out = run_ranks(
-        rank_info, 2, timeout=300, key="WARM_TREE_PROBE", env={"WARM_TREE_PROBE": "x"}
+        rank_info, 2, timeout=300, key="RANK_ENV_PROBE", env={"RANK_ENV_PROBE": "x"}
     )
     assert [r["env"] for r in out] == ["x", "x"]
-    out = run_ranks(rank_info, 2, timeout=300, key="WARM_TREE_PROBE")
+    out = run_ranks(rank_info, 2, timeout=300, key="RANK_ENV_PROBE")
     assert [r["env"] for r in out] == [None, None]
 
 
@@ -93,7 +94,7 @@ def test_hung_ranks_are_killed_at_the_timeout(tmp_path):
     assert time.monotonic() - started < 120
     pids = [int((tmp_path / f"pid.{r}").read_text()) for r in range(2)]
     assert all(_gone(p) for p in pids)
-    # The warm interpreter serves the next request.
+    # The fork server serves the next run.
     assert run_ranks(rank_info, 1, timeout=300)[0]["sum"] == 1
 
 

@@ -81,7 +81,7 @@ def scheduler_standin(
         if poller.poll(20):
             req = sock_recv(recv)
             if tree is not None and getattr(req, "input_ids", None) is not None:
-                from harness.stacks.radix_trees import insert
+                from harness.stacks.radix_tree_fixtures import insert
 
                 insert(
                     tree,
@@ -102,7 +102,7 @@ def _standin_cache(port_args, dp_rank, tree_cfg):
         SchedulerKvEventsPublisher,
     )
 
-    from harness.stacks.radix_trees import build_tree, insert
+    from harness.stacks.radix_tree_fixtures import build_tree, insert
 
     cfg = json.loads(tree_cfg)
     # Before build_tree, which publishes the tree's own ServerArgs.

@@ -1,6 +1,6 @@
 """Multi-rank scenarios for the rank-sharded HiCache host tier.
 
-Each function runs on one rank of a ``harness.multiproc.run_ranks`` gloo group
+Each function runs on one rank of a ``harness.gloo_ranks.run_ranks`` gloo group
 (one process per TP rank). Every rank builds the same DSA stack through
 upstream's ``_DsaStrategy.build`` (patched: it shards when
 ``SGLANG_ENABLE_HICACHE_RANK_SHARD=1``) and fills its device pool with the
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import torch
 
-from harness.scenarios.l2 import (
+from harness.scenarios.hicache_l2_scenarios import (
     normalize_trace,
     random_like,
     sglang_identity,
@@ -136,8 +136,8 @@ def sharded_roundtrip(
     import torch.distributed as dist
     from sglang.srt.distributed import parallel_state
 
-    from harness.stacks.dsa import build_dsa_stack
-    from standins import kvcacheio
+    from harness.stacks.dsa_hicache_stack import build_dsa_stack
+    from standins import cpu_kvcacheio_standin as kvcacheio
 
     groups = (
         _count_calls(parallel_state, "create_custom_parallel_group")
@@ -311,7 +311,7 @@ def inactive_reasons(rank: int, world_size: int, *, tp_size: int, **overrides):
         rank_shard_inactive_reasons,
     )
 
-    from harness.stacks.dsa import dsa_device_pool, publish_server_args
+    from harness.stacks.dsa_hicache_stack import dsa_device_pool, publish_server_args
 
     publish_server_args(rank, tp_size, **overrides)
     return rank_shard_inactive_reasons(dsa_device_pool())
@@ -369,7 +369,7 @@ def gate_paths(rank: int, world_size: int) -> dict:
     run_batch wait on the last one."""
     import sglang.srt.utils as sglang_utils
 
-    from harness.stacks.dsa import build_dsa_stack
+    from harness.stacks.dsa_hicache_stack import build_dsa_stack
 
     stack = build_dsa_stack(rank, world_size, layer_num=4, skip_topk_layers=None)
     cc, alloc = stack.controller, stack.allocator

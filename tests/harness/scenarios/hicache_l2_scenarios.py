@@ -1,8 +1,8 @@
 """Scenarios run identically against unpatched upstream and the patched tree.
 
 Each scenario is a module-level function ``fn(rank, world_size, **kwargs)`` for
-``harness.multiproc.run_ranks`` and returns plain data (lists, dicts, bytes) so
-that two runs can be compared with ``harness.diff.diff_results``.
+``harness.gloo_ranks.run_ranks`` and returns plain data (lists, dicts, bytes) so
+that two runs can be compared with ``harness.result_diff.diff_results``.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def _alter_nth_h2d(n: int) -> None:
     """Negative control: shift the destination of the n-th H2D call by one page."""
     from sglang.srt.mem_cache.pool_host import dsa, mla
 
-    from standins import kvcacheio
+    from standins import cpu_kvcacheio_standin as kvcacheio
 
     calls = {"count": 0}
 
@@ -93,8 +93,8 @@ def l2_roundtrip(
     trace of every transfer call, per-load verification and final contents."""
     from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
 
-    from harness.stacks.dsa import build_dsa_stack
-    from standins import kvcacheio
+    from harness.stacks.dsa_hicache_stack import build_dsa_stack
+    from standins import cpu_kvcacheio_standin as kvcacheio
 
     stack = build_dsa_stack(
         rank, world_size, layer_num=layer_num, skip_topk_layers=skip_topk_layers

@@ -148,7 +148,8 @@ def enable_hicache(
     from sglang.srt.mem_cache.pool_host import mha
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
-    from standins import kvcacheio, pinned_memory
+    from standins import cpu_kvcacheio_standin as kvcacheio
+    from standins import cpu_pinned_memory_standin as pinned_memory
 
     kvcacheio.install()
     pinned_memory.install()

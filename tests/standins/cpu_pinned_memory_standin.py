@@ -13,7 +13,7 @@ UPSTREAM_TEST_MODULE = "sglang.test.cpu_pinned_memory_standin"
 REGISTERED: list[tuple[int, int]] = []
 
 
-def _cuda_host_register_standin(buffer, registration_granularity_bytes=None):
+def cuda_host_register_standin(buffer, registration_granularity_bytes=None):
     from sglang.srt.mem_cache.pool_host import common
 
     total = buffer.numel() * buffer.element_size()
@@ -25,4 +25,4 @@ def _cuda_host_register_standin(buffer, registration_granularity_bytes=None):
 def install() -> None:
     from sglang.srt.mem_cache.pool_host import common
 
-    common._cuda_host_register = _cuda_host_register_standin
+    common._cuda_host_register = cuda_host_register_standin

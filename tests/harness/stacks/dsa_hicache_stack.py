@@ -159,7 +159,8 @@ def build_dsa_stack(
         overrides.setdefault("device", "cuda")
     server_args = publish_server_args(rank, world_size, **overrides)
     if device == "cpu":
-        from standins import kvcacheio, pinned_memory
+        from standins import cpu_kvcacheio_standin as kvcacheio
+        from standins import cpu_pinned_memory_standin as pinned_memory
 
         kvcacheio.install()
         pinned_memory.install()

@@ -1,19 +1,20 @@
-"""One warm interpreter per sglang tree; every scenario's ranks are forked from it.
+"""A warm interpreter of another sglang source tree, for ranks run on that tree.
 
-Importing sglang's scheduler stack takes 15-20 s of CPU on the CI machine, and
-a scenario used to pay it once per rank (a fresh interpreter each).  A
-``WarmTree`` starts ``python -m harness.warm_tree`` once per tree and pytest
-session with that tree first on ``PYTHONPATH``, imports the heavy modules there
-(``PRELOAD``, no threads started), and then serves requests: each request
-forks ``world_size`` children from the warm image, joins them into a gloo
-group and calls the scenario function in each (``harness.multiproc.fork_ranks``).
+``harness.gloo_ranks.run_ranks`` forks its ranks from a fork server of the
+calling process, so they run the sglang that process imports (the installed
+patched wheel under pytest).  A scenario compared against another tree (the
+pristine release, ``harness.compare``) runs through a ``TreeInterpreter``:
+``python -m harness.tree_interpreter`` started once per tree and pytest session
+with that tree first on ``PYTHONPATH``; it starts its own fork server (which
+imports ``gloo_ranks.PRELOAD`` once, no threads started) and then serves
+requests, each a ``run_ranks`` there.
 
-Isolation is what it was with fresh interpreters: the upstream tree and the
-patched tree never meet in one process (one warm interpreter each), and every
-scenario runs in processes of its own (forked, so whatever a scenario patches
-or publishes dies with them).  Per-request environment variables are set in
-the forked children before the scenario runs; sglang reads the variables the
-tests vary (``envs.*``) at use, not at import.
+Isolation: the upstream tree and the patched tree never meet in one process
+(one interpreter each), and every scenario runs in processes of its own
+(forked, so whatever a scenario patches or publishes dies with them).
+Per-request environment variables are set in the ranks before the scenario
+runs; sglang reads the variables the tests vary (``envs.*``) at use, not at
+import.
 
 Protocol: one line ``<spec.pkl> <out.pkl>`` per request on stdin, one line
 ``done`` on the control channel (the process's original stdout; its fd 1 is
@@ -35,12 +36,12 @@ import time
 import traceback
 from pathlib import Path
 
-from harness.gloo_ranks import PRELOAD
+from harness.gloo_ranks import RankFailure, run_ranks, start_fork_server
 
 TESTS_DIR = Path(__file__).resolve().parent.parent
 
-# Starting includes the imports above; on a loaded 2-core machine they take
-# several times their idle 20 s.
+# Starting includes the fork server's imports (``gloo_ranks.PRELOAD``); on a
+# loaded 2-core machine they take several times their idle 20 s.
 START_TIMEOUT = 600.0
 
 
@@ -49,29 +50,26 @@ def resolve(target: str):
     return getattr(importlib.import_module(module), name)
 
 
-def target_of(fn) -> str:
-    if "<locals>" in fn.__qualname__ or fn.__module__ == "__main__":
-        raise ValueError(
-            f"{fn.__qualname__} must be a module-level function of an importable module"
-        )
-    return f"{fn.__module__}:{fn.__qualname__}"
+def run_target(rank: int, world_size: int, target: str, *args, **kwargs):
+    """One rank of ``target`` (``"module:function"``), imported by the rank."""
+    return resolve(target)(rank, world_size, *args, **kwargs)
 
 
-class WarmTree:
+class TreeInterpreter:
     """Client side: the warm interpreter of one tree (``PYTHONPATH`` entry)."""
 
-    def __init__(self, tree: str | None):
+    def __init__(self, tree: str):
         self.tree = tree
         self.proc: subprocess.Popen | None = None
         self.log_path: str | None = None
 
     def _start(self) -> None:
-        fd, self.log_path = tempfile.mkstemp(prefix="warm-tree-", suffix=".log")
+        fd, self.log_path = tempfile.mkstemp(prefix="tree-interpreter-", suffix=".log")
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (self.tree, str(TESTS_DIR)) if p)
+        env["PYTHONPATH"] = os.pathsep.join((self.tree, str(TESTS_DIR)))
         with os.fdopen(fd, "w") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "harness.warm_tree"],
+                [sys.executable, "-m", "harness.tree_interpreter"],
                 cwd=str(TESTS_DIR),
                 env=env,
                 stdin=subprocess.PIPE,
@@ -96,8 +94,7 @@ class WarmTree:
             self.stop()
             why = f"no answer in {timeout:.0f}s" if not ready else f"got {line!r}"
             raise RuntimeError(
-                f"warm interpreter for tree {self.tree or '(installed)'}: {what}: "
-                f"{why}\n{tail}"
+                f"interpreter of tree {self.tree}: {what}: {why}\n{tail}"
             )
 
     def run(
@@ -124,8 +121,6 @@ class WarmTree:
             status, payload = pickle.loads(out.read_bytes())
         if status == "ok":
             return payload
-        from harness.multiproc import RankFailure
-
         if status == "rank_failure":
             raise RankFailure(payload)
         raise RuntimeError(f"{target}: {payload}")
@@ -149,12 +144,13 @@ class WarmTree:
         proc.wait()
 
 
-_TREES: dict[str | None, WarmTree] = {}
+_TREES: dict[str, TreeInterpreter] = {}
 
 
-def warm_tree(tree: str | None) -> WarmTree:
+def interpreter_for(tree: str) -> TreeInterpreter:
+    """The session's warm interpreter of ``tree`` (started at its first run)."""
     if tree not in _TREES:
-        _TREES[tree] = WarmTree(tree)
+        _TREES[tree] = TreeInterpreter(tree)
     return _TREES[tree]
 
 
@@ -167,18 +163,9 @@ def _stop_all() -> None:
 
 
 def _serve() -> None:
-    from harness.multiproc import RankFailure, fork_ranks
-
     control = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
-    for name in PRELOAD:
-        try:
-            importlib.import_module(name)
-        except Exception as exc:  # noqa: BLE001 - reported, not fatal
-            print(f"warm_tree: preload {name} failed: {exc!r}", file=sys.stderr)
-    threads = len(os.listdir("/proc/self/task"))
-    if threads != 1:
-        print(f"warm_tree: {threads} threads after preload", file=sys.stderr)
+    start_fork_server()
     control.write("ready\n")
     control.flush()
     for line in sys.stdin:
@@ -190,14 +177,15 @@ def _serve() -> None:
         try:
             payload = (
                 "ok",
-                fork_ranks(
-                    resolve(target),
+                run_ranks(
+                    run_target,
                     world_size,
-                    args,
-                    kwargs,
+                    target,
+                    *args,
                     timeout=timeout,
                     env=env,
                     backend=backend,
+                    **kwargs,
                 ),
             )
         except RankFailure as exc:
@@ -205,7 +193,7 @@ def _serve() -> None:
         except BaseException:  # noqa: BLE001 - sent to the client
             payload = ("error", traceback.format_exc())
         print(
-            f"warm_tree: {target} x{world_size}: {payload[0]} "
+            f"tree_interpreter: {target} x{world_size}: {payload[0]} "
             f"in {time.monotonic() - started:.1f}s",
             file=sys.stderr,
         )

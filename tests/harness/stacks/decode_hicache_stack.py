@@ -227,7 +227,7 @@ def release_kv_cache_for_abort(req, cache) -> None:
 def publish_decode_server_args(rank: int, world_size: int, **overrides):
     """The DSA stack's HiCache server args (``direct`` / ``page_first_direct``)
     for a PD decode worker with the decode radix cache."""
-    from harness.stacks.dsa import publish_server_args
+    from harness.stacks.dsa_hicache_stack import publish_server_args
 
     kwargs = dict(
         page_size=16,
@@ -252,7 +252,8 @@ def build_decode_stack(
 ) -> DecodeStack:
     import torch.distributed as dist
 
-    from standins import kvcacheio, pinned_memory
+    from standins import cpu_kvcacheio_standin as kvcacheio
+    from standins import cpu_pinned_memory_standin as pinned_memory
 
     overrides = dict(server_args_overrides or {})
     overrides.setdefault("page_size", page_size)

@@ -17,8 +17,9 @@ scheduler and detokenizer processes get it too.  Elsewhere it does nothing.
 * HiCache: the host pools pin their buffers with ``cudaHostRegister`` ("Torch
   not compiled with CUDA enabled" on CPU) and bind the ``sgl_kernel.kvcacheio``
   direct-copy ops only on CUDA/ROCm.  When a host-pool module is imported, the
-  stand-ins of ``standins.pinned_memory`` and ``standins.kvcacheio`` (torch
-  copies with the real ops' per-page semantics) are bound into it.
+  stand-ins of ``standins.cpu_pinned_memory_standin`` and
+  ``standins.cpu_kvcacheio_standin`` (torch copies with the real ops' per-page
+  semantics) are bound into it.
 * DeepSeek MLA on ``torch_native`` (a tiny DeepSeek-V3 on CPU): the handler
   registry has no ``torch_native`` entry; the stand-in registers one that
   takes the absorbed-MLA path (``_torch_native_mla_handler`` says why).
@@ -116,9 +117,9 @@ class _PatchAfterExec(importlib.abc.Loader):
     def exec_module(self, module):
         self._loader.exec_module(module)
         if self._kind == "pinned":
-            from standins import pinned_memory
+            from standins import cpu_pinned_memory_standin as pinned_memory
 
-            module._cuda_host_register = pinned_memory._cuda_host_register_standin
+            module._cuda_host_register = pinned_memory.cuda_host_register_standin
         elif self._kind == "mooncake":
             module.MooncakeKVSender.supports_host_tensor_indices = False
         elif self._kind == "mla_handler":
@@ -130,7 +131,7 @@ class _PatchAfterExec(importlib.abc.Loader):
         elif self._kind == "load_record":
             _bind_load_record(module)
         else:
-            from standins import kvcacheio
+            from standins import cpu_kvcacheio_standin as kvcacheio
 
             for name in _KVCACHEIO_NAMES:
                 setattr(module, name, getattr(kvcacheio, name))

@@ -1,0 +1,1 @@
+"""Cache-aware DP routing: the trace simulation and the live CPU servers."""

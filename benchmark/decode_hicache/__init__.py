@@ -1,0 +1,1 @@
+"""Decode-side HiCache admission: upstream against the patched tree on CPU."""

@@ -1,0 +1,1 @@
+"""Rank-sharded HiCache host tier: geometry, the GPU runner, live CPU servers."""

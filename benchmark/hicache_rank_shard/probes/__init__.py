@@ -1,0 +1,1 @@
+"""Single-question GPU probes behind the rank-shard benchmark's design choices."""
