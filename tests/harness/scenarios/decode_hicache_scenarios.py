@@ -186,19 +186,6 @@ def _host_lock_refs(stack) -> int:
     return total
 
 
-class HostLenUnused:
-    """Stands in for ``peek_prefix``'s host length: any use of it (arithmetic,
-    comparison, truth value, conversion, formatting) raises."""
-
-    def _used(self, *args):
-        raise AssertionError("peek_prefix's host length was used")
-
-    __bool__ = __int__ = __index__ = __float__ = __format__ = _used
-    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _used
-    __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = _used
-    __hash__ = None
-
-
 def admission_sim(
     rank: int,
     world_size: int,
@@ -217,7 +204,6 @@ def admission_sim(
     restore_every: int = 1,
     consensus_checker: bool = False,
     diverge_rank: int | None = None,
-    host_len_unused: bool = False,
     tree_core: str = "python",
 ) -> dict:
     """Decode admission under device and host memory pressure: requests share
@@ -228,10 +214,7 @@ def admission_sim(
     and the restore tick, which runs every ``restore_every`` steps (load-back
     slots busy). Every input is drawn from ``seed``
     alone, so all ranks see the same workload. Returns per-step counts and
-    the per-step plan digests (patched tree, ``seed_flag=True``).
-    ``host_len_unused`` replaces the host length ``peek_prefix`` returns by
-    ``HostLenUnused`` (the planner must plan the same without it) and counts
-    the peeks."""
+    the per-step plan digests (patched tree, ``seed_flag=True``)."""
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
     from harness.stacks.decode_hicache_stack import random_tokens
@@ -263,17 +246,6 @@ def admission_sim(
         stack.cache_prefix(p, gen)
     if rank == diverge_rank:  # negative control: only this rank's budget differs
         stack.prealloc.num_reserved_decode_tokens += 4 * ps
-    peek_calls = []
-    if host_len_unused:  # the planner must not read peek_prefix's host length
-        original_peek = stack.cache.peek_prefix
-
-        def device_only_peek(key):
-            device_len, _ = original_peek(key)
-            peek_calls.append(device_len)
-            return device_len, HostLenUnused()
-
-        stack.cache.peek_prefix = device_only_peek
-
     evictions = {"calls": 0, "tokens": 0}
     original_evict_for_alloc = stack.cache.evict_for_alloc
 
@@ -389,9 +361,7 @@ def admission_sim(
         mean_wait_steps=sum(wait_steps) / max(1, len(wait_steps)),
     )
     assert isinstance(stack.cache, UnifiedRadixCache)
-    extra = dict(peek_calls=len(peek_calls)) if host_len_unused else {}
     return dict(
-        **extra,
         totals=totals,
         per_step=per_step,
         plans=plans,
@@ -567,11 +537,11 @@ def peek_vs_match(
     rounds: int = 60,
     tree_core: str = "python",
 ):
-    """``peek_prefix`` reports what ``match_prefix`` reports and changes nothing:
+    """``peek_prefix`` reports the device length ``match_prefix`` reports and
+    changes nothing:
     random prefixes cached, partly evicted to host and from host, then probed
     with queries that end inside nodes (forcing ``match_prefix`` to split).
-    ``checked`` counts full agreement ``(device, host)``, ``device_checked``
-    the device length alone (all the Rust core reports); ``match_changed``
+    ``device_checked`` counts the rounds where both agree; ``match_changed``
     the rounds whose ``match_prefix`` changed the state probe (its control:
     a split or an LRU move on the Python core, a split on the Rust one,
     whose probe sees no LRU order). ``lru`` then
@@ -589,7 +559,7 @@ def peek_vs_match(
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     bases = [random_tokens(rng, rng.randint(4, 12) * ps) for _ in range(4)]
-    checked = device_checked = unchanged = match_changed = 0
+    device_checked = unchanged = match_changed = 0
     kinds = set()
     for _ in range(rounds):
         op = rng.random()
@@ -613,9 +583,8 @@ def peek_vs_match(
         unchanged += _tree_state(stack.cache) == before
         m = stack.cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", query))))
         match_changed += _tree_state(stack.cache) != before  # the probe's control
-        checked += peek == (m.device_prefix_len, m.host_hit_length)
-        device_checked += peek[0] == m.device_prefix_len
-        kinds.add((peek[0] > 0, m.host_hit_length > 0))
+        device_checked += peek == m.device_prefix_len
+        kinds.add((peek > 0, m.host_hit_length > 0))
 
     def key(tokens):
         return RadixKey(array("q", tokens))
@@ -627,7 +596,7 @@ def peek_vs_match(
         stack.cache_prefix(newer, gen)
         touch(older)
         stack.evict_device(4 * ps)
-        return tuple(stack.cache.peek_prefix(key(t))[0] for t in (older, newer))
+        return tuple(stack.cache.peek_prefix(key(t)) for t in (older, newer))
 
     lru = dict(
         peek=lru_probe(lambda t: stack.cache.peek_prefix(key(t[: 2 * ps + 3]))),
@@ -635,7 +604,6 @@ def peek_vs_match(
     )
     return dict(
         rounds=rounds,
-        checked=checked,
         device_checked=device_checked,
         unchanged=unchanged,
         match_changed=match_changed,
