@@ -186,6 +186,21 @@ def _host_lock_refs(stack) -> int:
     return total
 
 
+# benchmark/decode_hicache's "host-churn" configuration of ``admission_sim``:
+# 512 tokens of other traffic written through to host per step, restores
+# ticked every 4th step; 0.5.23's admission fails restores on it.
+HOST_CHURN = dict(
+    size=1536,
+    hicache_ratio=1.2,
+    host_churn_tokens=512,
+    restore_every=4,
+    steps=20,
+    arrivals=(1, 4),
+    num_prefixes=10,
+    lifetime=(4, 8),
+)
+
+
 def admission_sim(
     rank: int,
     world_size: int,

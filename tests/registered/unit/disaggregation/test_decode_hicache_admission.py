@@ -20,6 +20,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from harness.gloo_ranks import run_ranks
 from harness.result_diff import diff_results
 from harness.scenarios.decode_hicache_scenarios import (
+    HOST_CHURN,
     admission_sim,
     head_of_queue_admission,
     host_span_restore,
@@ -38,18 +39,6 @@ L3 = l3_two_phase
 HEAD = head_of_queue_admission
 PEEK = peek_vs_match
 PRESSURE = dict(size=1024, steps=24, arrivals=(1, 4))
-# benchmark/decode_hicache's "host-churn" configuration: 512 tokens of other
-# traffic written through to host per step, restores ticked every 4th step.
-HOST_CHURN = dict(
-    size=1536,
-    hicache_ratio=1.2,
-    host_churn_tokens=512,
-    restore_every=4,
-    steps=20,
-    arrivals=(1, 4),
-    num_prefixes=10,
-    lifetime=(4, 8),
-)
 
 _RUNS: dict = {}
 

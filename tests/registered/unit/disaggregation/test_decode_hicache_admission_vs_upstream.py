@@ -12,6 +12,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.compare import run_scenario
 from harness.result_diff import diff_results
+from harness.scenarios.decode_hicache_scenarios import HOST_CHURN
 
 register_cpu_ci(est_time=240, suite="base-a-test-cpu")
 FEATURE_GROUP = "decode-hicache"  # the series group it tests (or "series")
@@ -21,16 +22,6 @@ HOST_SPAN = "harness.scenarios.decode_hicache_scenarios:host_span_restore"
 SIM = "harness.scenarios.decode_hicache_scenarios:admission_sim"
 L3 = "harness.scenarios.decode_hicache_scenarios:l3_two_phase"
 PRESSURE = dict(size=1024, steps=24, arrivals=(1, 4))
-HOST_CHURN = dict(
-    size=1536,
-    hicache_ratio=1.2,
-    host_churn_tokens=512,
-    restore_every=4,
-    steps=20,
-    arrivals=(1, 4),
-    num_prefixes=10,
-    lifetime=(4, 8),
-)
 
 
 def _strip(results):

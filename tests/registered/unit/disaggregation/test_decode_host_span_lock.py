@@ -15,23 +15,15 @@ import unittest
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.gloo_ranks import run_ranks
-from harness.scenarios.decode_hicache_scenarios import admission_sim, host_span_restore
+from harness.scenarios.decode_hicache_scenarios import (
+    HOST_CHURN,
+    admission_sim,
+    host_span_restore,
+)
 
 register_cpu_ci(est_time=120, suite="base-a-test-cpu")
 FEATURE_GROUP = "fixes"  # the series group it tests (or "series")
 
-# 512 tokens of other traffic written through to host per step, restores
-# ticked every 4th step.
-HOST_CHURN = dict(
-    size=1536,
-    hicache_ratio=1.2,
-    host_churn_tokens=512,
-    restore_every=4,
-    steps=20,
-    arrivals=(1, 4),
-    num_prefixes=10,
-    lifetime=(4, 8),
-)
 
 _RUNS: dict = {}
 
