@@ -1,0 +1,94 @@
+"""Cache-aware DP routing under DP attention on a live server (CPU, tiny
+DeepSeek-V3 with plain MLA, ``--tp 2 --dp-size 2 --enable-dp-attention``).
+
+DeepSeek deployments run DP attention: one scheduler per attention DP rank,
+the MLP tensor-parallel across all of them, every batch padded to the DP
+group's size (on CPU with the torch_native backend since the fixes group's
+fill value). The controller's cache-aware router dispatches to those DP ranks
+from the digests their leader schedulers publish. Multi-turn conversations
+(``harness.live_workloads``) sent by concurrent clients: each conversation
+stays on one DP rank and every later turn is served its previous prompt from
+cache; both ranks serve; ``/metrics`` counts every request once and shows one
+fresh digest per DP rank.
+"""
+
+import re
+import unittest
+
+from sglang.test.ci.ci_register import register_cpu_ci
+
+from harness.live_server import LiveServer, assert_all_gone
+from harness.live_workloads import hit_rate, run_conversations
+
+register_cpu_ci(est_time=300, suite="base-b-test-cpu")
+FEATURE_GROUP = "cache-aware-routing"  # the series group it tests (or "series")
+PROJECT_ONLY = "runs this project's CPU server (stand-ins, local tiny model)"
+
+DP_ATTENTION = ["--tp", "2", "--dp-size", "2", "--enable-dp-attention"]
+ARGS = DP_ATTENTION + [
+    "--load-balance-method",
+    "cache_aware",
+    "--enable-metrics",
+    "--max-total-tokens",
+    "4096",
+]
+
+
+def scrape(text: str, name: str) -> dict:
+    """``{labels: value}`` of one Prometheus series in a /metrics page."""
+    out = {}
+    for m in re.finditer(rf"^{re.escape(name)}\{{([^}}]*)\}} (\S+)$", text, re.M):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        out[tuple(sorted(labels.items()))] = float(m.group(2))
+    return out
+
+
+class TestCacheAwareRoutingDpAttentionServer(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        server = LiveServer("patched", ARGS, name="dp_attention", model="tiny-mla")
+        try:
+            cls.records = run_conversations(server, n=4, turns=3, seed=21)
+            cls.metrics = server.get("/metrics").text
+            cls.log = server.log_text()
+        except Exception as exc:
+            raise RuntimeError(f"dp attention: {exc}\n{server.log_tail()}") from exc
+        finally:
+            pids = server.stop()
+        assert_all_gone(pids)
+
+    def test_runs_dp_attention(self):
+        # Two attention DP ranks, each its own scheduler (log prefix DP<r> TP<r>).
+        for rank in (0, 1):
+            self.assertIn(f"DP{rank} TP{rank}]", self.log)
+        self.assertIn("'enable_dp_attention': True", self.log)
+
+    def test_conversations_stick_and_hit(self):
+        for c, conv in enumerate(self.records):
+            self.assertEqual(len({r["rank"] for r in conv}), 1, (c, conv))
+            for prev, cur in zip(conv, conv[1:]):
+                self.assertGreaterEqual(cur["cached"], prev["prompt"], (c, conv))
+        self.assertEqual({conv[0]["rank"] for conv in self.records}, {0, 1})
+        print(f"dp attention: hit rate {hit_rate(self.records):.3f}")
+
+    def test_every_request_routed_once_and_one_digest_per_dp_rank(self):
+        routed = {
+            dict(k)["outcome"]: v
+            for k, v in scrape(self.metrics, "sglang:dp_routing_requests_total").items()
+        }
+        requests = sum(len(conv) for conv in self.records)
+        self.assertEqual(sum(routed.values()), requests, routed)
+        # 4 conversations x 2 later turns, each routed by its match.
+        self.assertGreaterEqual(routed.get("match", 0), 8, routed)
+        ages = {
+            dict(k)["dp_rank"]: v
+            for k, v in scrape(
+                self.metrics, "sglang:dp_routing_digest_age_seconds"
+            ).items()
+        }
+        self.assertEqual(set(ages), {"0", "1"}, ages)
+        self.assertTrue(all(0 <= a < 5.0 for a in ages.values()), ages)
+
+
+if __name__ == "__main__":
+    unittest.main()
