@@ -14,7 +14,6 @@ from types import SimpleNamespace
 from unittest import mock
 
 import torch
-
 from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=30, suite="base-a-test-cpu")
