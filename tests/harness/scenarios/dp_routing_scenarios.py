@@ -200,6 +200,12 @@ def start_controller(dp_size, *, tree=None, **server_kwargs) -> ControllerHandle
     # stand-ins; its launch threads never end, so run_ranks kills the worker
     # once the result is in.
     multiprocessing.current_process()._config["daemon"] = False
+    # A rank started by run_ranks' fork server has "forkserver" as its default
+    # start method: the controller's stand-ins would fork from a server that
+    # this rank started with the first controller's environment (its sink),
+    # so a second controller's requests reached a closed sink. Fork them from
+    # this process, as a launcher on Linux does.
+    multiprocessing.set_start_method("fork", force=True)
     server_args = ServerArgs(model_path="dummy", dp_size=dp_size, **server_kwargs)
 
     handle_load_balance_method(server_args)
