@@ -33,8 +33,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import BUILD, ROOT, UPSTREAM_TAG, ToolError, git, run_main  # noqa: E402
+from common import BUILD, ROOT, UPSTREAM_TAG, ToolError, git, run_main
 
 CONFIG = ROOT / "scripts" / "upstream_lint"
 # Beside .venv, not under SGL_BUILD_DIR: the sandboxed tooling tests share it.

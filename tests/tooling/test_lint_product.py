@@ -6,17 +6,13 @@ files the series changes pass, so whole files are checked."""
 
 import re
 import subprocess
-import sys
 
 import pytest
 
-from .conftest import ROOT, SCRIPTS, run_script
+from .conftest import ROOT, import_scripts, run_script
 
-sys.path.insert(0, str(SCRIPTS))
-import lint_product  # noqa: E402
-from common import PATCHES, git_env, read_series  # noqa: E402
-
-sys.path.remove(str(SCRIPTS))
+lint_product, common = import_scripts("lint_product", "common")
+PATCHES, git_env, read_series = common.PATCHES, common.git_env, common.read_series
 
 HEADER = (
     "# Copyright 2023-2024 SGLang Team\n"
