@@ -60,25 +60,38 @@ from pathlib import Path
 
 from benchmark.bench_meta import run_dir, run_metadata
 from harness.live_server import HICACHE_ARGS, LiveServer, assert_all_gone
-from harness.live_workloads import run_bursts, run_conversations
+from harness.live_workloads import run_bursts, run_conversations, run_n
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 
 
-POLICIES = ["round_robin", "total_requests", "cache_aware"]
-MODES = ["shuffled", "concurrent", "burst", "small_pool"]
+# sticky: the client sends each conversation (burst, group) to one DP rank
+# (``routed_dp_rank``, rank = its index mod DP) on a round_robin server: the
+# sticky oracle as a policy, so what it reaches is achievable.
+POLICIES = ["round_robin", "total_requests", "cache_aware", "sticky"]
+BASELINES = ("round_robin", "total_requests")
+MODES = ["shuffled", "concurrent", "burst", "grpo_group", "grpo_n", "small_pool"]
 SMALL_POOL = ["--max-total-tokens", "1536", *HICACHE_ARGS, "--hicache-ratio", "4"]
 CLIENTS = {"shuffled": 1, "concurrent": 4, "small_pool": 4}
-SEED_OFFSET = {"shuffled": 0, "concurrent": 1000, "burst": 3000, "small_pool": 2000}
+SEED_OFFSET = {
+    "shuffled": 0,
+    "concurrent": 1000,
+    "burst": 3000,
+    "small_pool": 2000,
+    "grpo_group": 4000,
+    "grpo_n": 5000,
+}
 BURST = dict(size=6, prompt_tokens=400, question_tokens=30, stagger_s=0.03)
-# Server groups: one start each, serving these modes in this order.
-# Bursts run without the overlap scheduler: with it, the batch after the first
-# request's prefill is formed before that prefill's KV is checkpointed into
-# the tree, so the rest of a burst cannot reuse it on any rank.
+# An RL rollout group: 8 identical prompts sent at once, or one request n=8.
+GRPO = dict(size=8, prompt_tokens=400, question_tokens=0, stagger_s=0.0)
+GRPO_N = dict(n=8, prompt_tokens=400)
+OVERLAP = {"on": [], "off": ["--disable-overlap-schedule"]}
+DP_ATTENTION = ["--tp", "2", "--enable-dp-attention"]
+# Server groups: one start each (per policy and overlap setting), serving
+# these modes in this order, each ``--reps`` times (new prompts each time).
 GROUPS = [
-    ("default", [], ["shuffled", "concurrent"]),
-    ("burst", ["--disable-overlap-schedule"], ["burst"]),
+    ("default", [], ["shuffled", "concurrent", "burst", "grpo_group", "grpo_n"]),
     ("small_pool", SMALL_POOL, ["small_pool"]),
 ]
 ERROR_RE = re.compile(r"Traceback|\bERROR\b|Exception|exception")
@@ -170,17 +183,63 @@ def series_tree(rev: str) -> Path:
     return tree
 
 
-def serve_group(policy, group, extra, modes, work, seed, tree="patched", dp=2):
-    """One server start for ``policy``: every mode of the group, then stop."""
-    name = f"{policy}-{group}"
+def run_mode(server, mode, work, seed, route):
+    if mode == "burst":
+        return run_bursts(
+            server,
+            bursts=work["n"],
+            seed=seed,
+            think_s=work["think_s"],
+            max_new_tokens=work["max_new_tokens"],
+            stream=True,
+            route=route,
+            **BURST,
+        )
+    if mode == "grpo_group":
+        return run_bursts(
+            server,
+            bursts=work["n"],
+            seed=seed,
+            think_s=work["think_s"],
+            max_new_tokens=work["max_new_tokens"],
+            stream=True,
+            route=route,
+            **GRPO,
+        )
+    if mode == "grpo_n":
+        return run_n(
+            server,
+            groups=work["n"],
+            seed=seed,
+            think_s=work["think_s"],
+            max_new_tokens=work["max_new_tokens"],
+            route=route,
+            **GRPO_N,
+        )
+    return run_conversations(
+        server, seed=seed, clients=CLIENTS[mode], stream=True, route=route, **work
+    )
+
+
+def serve_group(policy, group, extra, modes, work, seed, tree="patched", **kw):
+    """One server start for ``policy``: every mode of the group ``reps``
+    times, then stop."""
+    dp, reps, overlap, model = kw["dp"], kw["reps"], kw["overlap"], kw["model"]
+    name = f"{policy}-{group}-overlap_{overlap}"
     method = policy.split("@", 1)[0]
-    args = ["--dp-size", str(dp), "--load-balance-method", method] + extra
+    route = None
+    if method == "sticky":
+        method = "round_robin"
+        route = lambda i: i % dp  # noqa: E731
+    args = ["--dp-size", str(dp), "--load-balance-method", method]
+    args += kw["dp_args"] + OVERLAP[overlap] + extra
     t0 = time.perf_counter()
     print(f"[{name}] starting: {' '.join(args)}", flush=True)
-    server = LiveServer(tree, args, name=name)
+    server = LiveServer(tree, args, name=name, model=model)
     info = {
         "policy": policy,
         "group": group,
+        "overlap": overlap,
         "server_args": args,
         "start_s": time.perf_counter() - t0,
         "logdir": server.logdir.name,
@@ -195,39 +254,34 @@ def serve_group(policy, group, extra, modes, work, seed, tree="patched", dp=2):
     runs = []
     try:
         for mode in modes:
-            t1 = time.perf_counter()
-            try:
-                if mode == "burst":
-                    records = run_bursts(
-                        server,
-                        bursts=work["n"],
-                        seed=seed + SEED_OFFSET[mode],
-                        think_s=work["think_s"],
-                        max_new_tokens=work["max_new_tokens"],
-                        stream=True,
-                        **BURST,
+            reps_out = []
+            for r in range(reps):
+                t1 = time.perf_counter()
+                try:
+                    records = run_mode(
+                        server, mode, work, seed + SEED_OFFSET[mode] + 100 * r, route
                     )
-                else:
-                    records = run_conversations(
-                        server,
-                        seed=seed + SEED_OFFSET[mode],
-                        clients=CLIENTS[mode],
-                        stream=True,
-                        **work,
-                    )
-            except Exception as exc:
-                raise RuntimeError(
-                    f"{name}/{mode}: {exc}\n{server.log_tail()}"
-                ) from exc
-            wall = time.perf_counter() - t1
-            summary = summarize(records, dp)
-            summary["wall_s"] = wall
-            print(
-                f"[{name}] {mode}: {wall:.0f} s, hit rate {summary['hit_rate']:.3f}",
-                flush=True,
-            )
+                except Exception as exc:
+                    raise RuntimeError(
+                        f"{name}/{mode}: {exc}\n{server.log_tail()}"
+                    ) from exc
+                summary = summarize(records, dp)
+                summary["wall_s"] = time.perf_counter() - t1
+                reps_out.append({"summary": summary, "records": records})
+                print(
+                    f"[{name}] {mode} rep {r}: {summary['wall_s']:.0f} s, "
+                    f"hit rate {summary['hit_rate']:.3f}, "
+                    f"ttft p90 {summary['ttft_p90_s']:.3f}",
+                    flush=True,
+                )
             runs.append(
-                {"policy": policy, "mode": mode, "summary": summary, "records": records}
+                {
+                    "policy": policy,
+                    "overlap": overlap,
+                    "mode": mode,
+                    "summary": aggregate([x["summary"] for x in reps_out]),
+                    "reps": reps_out,
+                }
             )
     finally:
         pids = server.stop()
@@ -236,14 +290,60 @@ def serve_group(policy, group, extra, modes, work, seed, tree="patched", dp=2):
     return runs, info
 
 
-def add_ratios(runs):
+SPREAD_KEYS = ("hit_rate", "ttft_p50_s", "ttft_p90_s")
+
+
+def aggregate(summaries):
+    """Medians over the repetitions (``KEY``), with ``KEY_min`` and
+    ``KEY_max`` for the spread; counts summed."""
+    import statistics
+
+    out = dict(summaries[0])
+    for key in ("hit_rate", "oracle_hit_rate", "hit_vs_oracle", "host_share"):
+        out[key] = statistics.median(s[key] for s in summaries)
+    for key in ("ttft_p50_s", "ttft_p90_s", "latency_p50_s"):
+        out[key] = statistics.median(s[key] for s in summaries)
+    for key in SPREAD_KEYS:
+        out[key + "_min"] = min(s[key] for s in summaries)
+        out[key + "_max"] = max(s[key] for s in summaries)
+    for key in ("requests", "conversations", "sticky_conversations"):
+        out[key] = sum(s[key] for s in summaries)
+    out["requests_per_rank"] = [
+        sum(s["requests_per_rank"][k] for s in summaries)
+        for k in range(len(out["requests_per_rank"]))
+    ]
+    lo, hi = min(out["requests_per_rank"]), max(out["requests_per_rank"])
+    out["rank_ratio"] = hi / lo if lo else None
+    out["reps"] = len(summaries)
+    return out
+
+
+def add_targets(runs):
+    """Per mode and overlap setting: ratios against round_robin, hit rate
+    against the measured sticky policy, TTFT p90 against the best of the
+    baselines (medians), and whether cache_aware meets its targets: hit rate
+    >= 0.95 x sticky's where sticky reaches one (>= 0.05), TTFT p90 <= 1.05 x
+    the best baseline's."""
     for mode in MODES:
-        rows = [r for r in runs if r["mode"] == mode]
-        base = next((r["summary"] for r in rows if r["policy"] == "round_robin"), None)
-        for r in rows:
-            s = r["summary"]
-            for k in ("hit_rate", "ttft_p50_s", "ttft_p90_s"):
-                s[k + "_vs_rr"] = s[k] / base[k] if base and base[k] else None
+        for overlap in OVERLAP:
+            rows = [r for r in runs if r["mode"] == mode and r["overlap"] == overlap]
+            by = {r["policy"]: r["summary"] for r in rows}
+            rr, sticky = by.get("round_robin"), by.get("sticky")
+            base = [by[p]["ttft_p90_s"] for p in BASELINES if p in by]
+            best = min(base) if base else None
+            for r in rows:
+                s = r["summary"]
+                for k in ("hit_rate", "ttft_p50_s", "ttft_p90_s"):
+                    s[k + "_vs_rr"] = s[k] / rr[k] if rr and rr[k] else None
+                s["hit_vs_sticky"] = (
+                    s["hit_rate"] / sticky["hit_rate"]
+                    if sticky and sticky["hit_rate"] >= 0.05
+                    else None
+                )
+                s["ttft_p90_vs_best"] = s["ttft_p90_s"] / best if best else None
+                hit_ok = s["hit_vs_sticky"] is None or s["hit_vs_sticky"] >= 0.95
+                ttft_ok = s["ttft_p90_vs_best"] is None or s["ttft_p90_vs_best"] <= 1.05
+                s["meets_targets"] = hit_ok and ttft_ok
 
 
 def main():
@@ -257,11 +357,21 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=60)
     ap.add_argument("--max-new-tokens", type=int, default=8)
     ap.add_argument("--think-s", type=float, default=0.5)
+    ap.add_argument("--reps", type=int, default=3, help="repetitions per mode")
     ap.add_argument("--policies", nargs="+", default=POLICIES, choices=POLICIES)
     ap.add_argument(
         "--modes", nargs="+", default=MODES, choices=MODES, help="modes to run"
     )
+    ap.add_argument(
+        "--overlap", nargs="+", default=list(OVERLAP), choices=list(OVERLAP)
+    )
     ap.add_argument("--dp", type=int, default=2, help="DP size of every server")
+    ap.add_argument(
+        "--dp-attention",
+        action="store_true",
+        help="serve the tiny DeepSeek-V3 (plain MLA) with --tp DP "
+        "--enable-dp-attention instead of the tiny llama with plain DP",
+    )
     ap.add_argument(
         "--server-args",
         default="",
@@ -276,13 +386,18 @@ def main():
     args = ap.parse_args()
 
     work = dict(
-        n=args.conversations or (4 if args.quick else 8),
-        turns=args.turns or (3 if args.quick else 5),
+        n=args.conversations or (3 if args.quick else 6),
+        turns=args.turns or (2 if args.quick else 4),
         first=args.first_tokens,
         new_tokens=args.new_tokens,
         think_s=args.think_s,
         max_new_tokens=args.max_new_tokens,
     )
+    reps = 1 if args.quick else args.reps
+    dp_args = (
+        ["--tp", str(args.dp), "--enable-dp-attention"] if args.dp_attention else []
+    )
+    model = "tiny-mla" if args.dp_attention else "tiny-llama"
     series = importlib.metadata.version("sglang")
     t0 = time.perf_counter()
     policies = [(p, "patched") for p in args.policies]
@@ -291,38 +406,45 @@ def main():
         policies.append((f"cache_aware@{rev}", str(series_tree(rev))))
     runs, servers = [], []
     try:
-        for policy, tree in policies:
-            for group, extra, modes in GROUPS:
-                modes = [m for m in modes if m in args.modes]
-                if not modes:
-                    continue
-                try:
-                    group_runs, info = serve_group(
-                        policy,
-                        group,
-                        extra + shlex.split(args.server_args),
-                        modes,
-                        work,
-                        args.seed,
-                        tree,
-                        args.dp,
-                    )
-                except Exception as exc:  # keep the other groups' results
-                    print(f"[{policy}-{group}] FAILED: {exc}", flush=True)
-                    group_runs = []
-                    info = {
-                        "policy": policy,
-                        "group": group,
-                        "error": str(exc)[-6000:],
-                    }
-                runs += group_runs
-                servers.append(info)
+        for overlap in args.overlap:
+            for policy, tree in policies:
+                for group, extra, modes in GROUPS:
+                    modes = [m for m in modes if m in args.modes]
+                    if not modes:
+                        continue
+                    try:
+                        group_runs, info = serve_group(
+                            policy,
+                            group,
+                            extra + shlex.split(args.server_args),
+                            modes,
+                            work,
+                            args.seed,
+                            tree,
+                            dp=args.dp,
+                            reps=reps,
+                            overlap=overlap,
+                            model=model,
+                            dp_args=dp_args,
+                        )
+                    except Exception as exc:  # keep the other groups' results
+                        print(f"[{policy}-{group}] FAILED: {exc}", flush=True)
+                        group_runs = []
+                        info = {
+                            "policy": policy,
+                            "group": group,
+                            "overlap": overlap,
+                            "error": str(exc)[-6000:],
+                        }
+                    runs += group_runs
+                    servers.append(info)
     finally:
         for _, tree in policies:
             if tree != "patched":
                 shutil.rmtree(Path(tree).parent, ignore_errors=True)
-    add_ratios(runs)
-    _print(runs, servers, series, args.dp)
+    add_targets(runs)
+    label = f"DP={args.dp}" + (" attention" if args.dp_attention else "")
+    _print(runs, servers, series, label)
 
     os.makedirs(args.out, exist_ok=True)
     meta = {
@@ -331,28 +453,35 @@ def main():
         "params": {
             **work,
             "seed": args.seed,
+            "reps": reps,
             "server_args": args.server_args,
             "seed_offsets": SEED_OFFSET,
             "clients": CLIENTS,
             "dp_size": args.dp,
+            "dp_attention": args.dp_attention,
+            "model": model,
+            "overlap": args.overlap,
             "policies": [p for p, _ in policies],
             "modes": args.modes,
             "burst": BURST,
+            "grpo_group": GRPO,
+            "grpo_n": GRPO_N,
             "small_pool_args": SMALL_POOL,
             "stream": True,
             "ttft": "client-measured, request sent to first SSE data chunk",
+            "aggregate": "median over reps, with min and max",
         },
         "wall_s": time.perf_counter() - t0,
         "servers": servers,
         "runs": runs,
     }
-    path = (
-        run_dir(args.out, "live-routing" + ("-quick" if args.quick else ""))
-        / "bench_live_routing.json"
+    tag = "live-routing" + ("-dp-attention" if args.dp_attention else "")
+    path = run_dir(args.out, tag + ("-quick" if args.quick else "")) / (
+        "bench_live_routing.json"
     )
     path.write_text(json.dumps(meta, indent=2))
     png = path.with_suffix(".png")
-    _plot(runs, [p for p, _ in policies], png, series, args.dp)
+    _plot(runs, [p for p, _ in policies], png, series, label)
     shown = [p.relative_to(ROOT) if p.is_relative_to(ROOT) else p for p in (path, png)]
     print(f"\nwrote {shown[0]} and {shown[1]}")
     failed = [f"{s['policy']}-{s['group']}" for s in servers if "error" in s]
@@ -365,13 +494,13 @@ def _fmt(x, spec, none="-"):
     return format(x, spec) if x is not None else format(none, spec.split(".")[0] + "s")
 
 
-def _print(runs, servers, series, dp):
-    print(f"\nlive DP={dp} routing, sglang {series}")
+def _print(runs, servers, series, label):
+    print(f"\nlive {label} routing, sglang {series}; medians over reps [min-max]")
     head = (
-        f"{'mode':<11}{'policy':<21}{'reqs':>5}{'hit rate':>9}{'vs rr':>7}"
-        f"{'oracle':>7}{'/orcl':>6}"
-        f"{'host sh':>8}{'rank split':>11}{'max/min':>8}{'sticky':>7}"
-        f"{'ttft p50':>9}{'vs rr':>7}{'ttft p90':>9}{'vs rr':>7}"
+        f"{'mode':<11}{'ovl':<4}{'policy':<16}{'reqs':>5}{'hit rate':>9}"
+        f"{'[min-max]':>13}{'/sticky':>8}{'oracle':>7}{'host sh':>8}"
+        f"{'rank split':>11}{'sticky':>7}{'ttft p50':>9}{'ttft p90':>9}"
+        f"{'[min-max]':>13}{'/best':>7}{'target':>7}"
     )
     for mode in MODES:
         rows = [r for r in runs if r["mode"] == mode]
@@ -382,21 +511,26 @@ def _print(runs, servers, series, dp):
             s = r["summary"]
             split = "/".join(str(n) for n in s["requests_per_rank"])
             sticky = f"{s['sticky_conversations']}/{s['conversations']}"
+            hit_spread = f"{s['hit_rate_min']:.2f}-{s['hit_rate_max']:.2f}"
+            p90_spread = f"{s['ttft_p90_s_min']:.2f}-{s['ttft_p90_s_max']:.2f}"
+            target = "ok" if s["meets_targets"] else "MISS"
             print(
-                f"{mode:<11}{r['policy']:<21}{s['requests']:>5}{s['hit_rate']:>9.3f}"
-                f"{_fmt(s['hit_rate_vs_rr'], '>7.2f')}{s['oracle_hit_rate']:>7.3f}"
-                f"{s['hit_vs_oracle']:>6.2f}{s['host_share']:>8.3f}"
-                f"{split:>11}{_fmt(s['rank_ratio'], '>8.2f', 'inf')}{sticky:>7}"
-                f"{s['ttft_p50_s']:>9.3f}{_fmt(s['ttft_p50_s_vs_rr'], '>7.2f')}"
-                f"{s['ttft_p90_s']:>9.3f}{_fmt(s['ttft_p90_s_vs_rr'], '>7.2f')}"
+                f"{mode:<11}{r['overlap']:<4}{r['policy']:<16}{s['requests']:>5}"
+                f"{s['hit_rate']:>9.3f}{hit_spread:>13}"
+                f"{_fmt(s['hit_vs_sticky'], '>8.2f')}{s['oracle_hit_rate']:>7.3f}"
+                f"{s['host_share']:>8.3f}{split:>11}{sticky:>7}"
+                f"{s['ttft_p50_s']:>9.3f}{s['ttft_p90_s']:>9.3f}{p90_spread:>13}"
+                f"{_fmt(s['ttft_p90_vs_best'], '>7.2f')}{target:>7}"
             )
     print("\nservers (start s, error-like log lines):")
     for s in servers:
         if "error" in s:
-            print(f"  {s['policy']:<21}{s['group']:<11} FAILED (see JSON)")
+            print(
+                f"  {s['policy']:<16}{s['group']:<11}{s['overlap']:<4} FAILED (see JSON)"
+            )
             continue
         print(
-            f"  {s['policy']:<21}{s['group']:<11}{s['start_s']:>6.0f} s"
+            f"  {s['policy']:<16}{s['group']:<11}{s['overlap']:<4}{s['start_s']:>6.0f} s"
             f"{s['log_errors']['count']:>6}  sglang {s['sglang']}"
         )
     installed = {
@@ -406,47 +540,53 @@ def _print(runs, servers, series, dp):
         print("  WARNING: the installed sglang changed during the run")
 
 
-def _plot(runs, policies, png, series, dp):
+def _plot(runs, policies, png, series, label):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    modes = [m for m in MODES if any(r["mode"] == m for r in runs)]
+    fig, axes = plt.subplots(3, 1, figsize=(15, 11))
+    cols = [
+        (m, o)
+        for m in MODES
+        for o in OVERLAP
+        if any(r["mode"] == m and r["overlap"] == o for r in runs)
+    ]
     width = 0.8 / len(policies)
 
-    def val(policy, mode, key):
-        rows = [r for r in runs if r["policy"] == policy and r["mode"] == mode]
-        if not rows:
-            return float("nan")
-        s = rows[0]["summary"]
-        return s[key] if not callable(key) else key(s)
+    def row(policy, mode, overlap):
+        rows = [
+            r
+            for r in runs
+            if r["policy"] == policy and r["mode"] == mode and r["overlap"] == overlap
+        ]
+        return rows[0]["summary"] if rows else None
 
     panels = (
-        (axes[0], "hit_vs_oracle", "prefix hits / sticky oracle's"),
-        (axes[1], "ttft_p50_s", "client TTFT p50 (s), p90 as marker"),
-        (
-            axes[2],
-            lambda s: s["sticky_conversations"] / s["conversations"],
-            "conversations (bursts) that stayed on one rank",
-        ),
+        (axes[0], "hit_rate", "prefix hit rate (median, min-max)"),
+        (axes[1], "ttft_p90_s", "client TTFT p90 in s (median, min-max)"),
+        (axes[2], "ttft_p50_s", "client TTFT p50 in s (median, min-max)"),
     )
     for ax, key, title in panels:
         for j, p in enumerate(policies):
-            xs = [i + j * width for i in range(len(modes))]
-            ax.bar(xs, [val(p, m, key) for m in modes], width, label=p)
-            if key == "ttft_p50_s":
-                ax.scatter(
-                    xs, [val(p, m, "ttft_p90_s") for m in modes], marker="_", c="k"
-                )
-        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(modes))])
-        ax.set_xticklabels(modes)
+            xs, ys, lo, hi = [], [], [], []
+            for i, (m, o) in enumerate(cols):
+                s = row(p, m, o)
+                if s is None:
+                    continue
+                xs.append(i + j * width)
+                ys.append(s[key])
+                lo.append(s[key] - s[key + "_min"])
+                hi.append(s[key + "_max"] - s[key])
+            ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=p)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cols))])
+        ax.set_xticklabels([f"{m}\noverlap {o}" for m, o in cols], fontsize=8)
         ax.set_title(title, fontsize=10)
-    axes[0].legend(fontsize=8, loc="lower right")
-    fig.suptitle(f"live DP={dp} routing, sglang {series}", fontsize=10)
+    axes[0].legend(fontsize=8, loc="upper right")
+    fig.suptitle(f"live {label} routing, sglang {series}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    fig.savefig(png, dpi=100)
 
 
 if __name__ == "__main__":

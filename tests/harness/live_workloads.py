@@ -89,9 +89,12 @@ def stream_generate(
     return final, ttft, mode
 
 
-def _generate(server, input_ids, max_new_tokens, stream):
-    """One greedy ``/generate`` (streamed with ``stream``): ``(result, latency)``."""
+def _generate(server, input_ids, max_new_tokens, stream, routed_dp_rank=None):
+    """One greedy ``/generate`` (streamed with ``stream``; to
+    ``routed_dp_rank`` when given): ``(result, latency)``."""
     payload = {"input_ids": input_ids, "sampling_params": greedy(max_new_tokens)}
+    if routed_dp_rank is not None:
+        payload["routed_dp_rank"] = routed_dp_rank
     start = time.perf_counter()
     if stream:
         r, ttft, mode = stream_generate(server, payload)
@@ -129,8 +132,11 @@ def run_conversations(
     think_s: float = 0.5,
     max_new_tokens: int = 8,
     stream: bool = False,
+    route=None,
 ):
-    """Returns ``records[c][t]`` = dict(prompt, cached, host, rank, latency,
+    """``route(c)``: the DP rank to send conversation ``c`` to (the client-side
+    sticky policy), None: the server's routing.
+    Returns ``records[c][t]`` = dict(prompt, cached, host, rank, latency,
     oracle); with ``stream=True`` also ``ttft`` and ``ids_mode``
     (``stream_generate``).  ``oracle`` is what a rank that kept the whole
     conversation would have cached: the previous turn's prompt and output
@@ -141,7 +147,8 @@ def run_conversations(
     oracle = [0] * n
 
     def send(c):
-        return (c, *_generate(server, prompts[c], max_new_tokens, stream))
+        rank = route(c) if route else None
+        return (c, *_generate(server, prompts[c], max_new_tokens, stream, rank))
 
     with ThreadPoolExecutor(clients) as pool:
         for _ in range(turns):
@@ -168,18 +175,23 @@ def run_bursts(
     think_s: float = 0.5,
     max_new_tokens: int = 8,
     stream: bool = False,
+    route=None,
 ):
     """Bursts of ``size`` requests that share a new system prompt of
     ``prompt_tokens`` (each with its own question), the i-th sent
     ``i * stagger_s`` after the first (0: all at once, so none can reuse
-    another's prefill).  Returns ``records[b][i]`` like ``run_conversations``;
-    ``oracle`` is the shared prompt for every request of a burst but its
-    first."""
+    another's prefill; ``question_tokens`` 0: identical prompts, an RL
+    rollout group).  ``route(b)`` like ``run_conversations``.  Returns
+    ``records[b][i]`` like ``run_conversations``; ``oracle`` is the shared
+    prompt (all but its last token for identical prompts) for every request
+    of a burst but its first."""
     import threading
 
     rng = random.Random(seed)
     records = []
-    for _ in range(bursts):
+    shared = prompt_tokens if question_tokens else prompt_tokens - 1
+    for b in range(bursts):
+        rank = route(b) if route else None
         system = [rng.choice(VOCAB) for _ in range(prompt_tokens)]
         prompts = [
             system + [rng.choice(VOCAB) for _ in range(question_tokens)]
@@ -190,14 +202,86 @@ def run_bursts(
         def send(i):
             start.wait()
             time.sleep(i * stagger_s)
-            return (i, *_generate(server, prompts[i], max_new_tokens, stream))
+            return (i, *_generate(server, prompts[i], max_new_tokens, stream, rank))
 
         burst = []
         with ThreadPoolExecutor(size) as pool:
             for i, r, latency in pool.map(send, range(size)):
-                oracle = prompt_tokens if i else 0
+                oracle = shared if i else 0
                 burst.append(_record(r, len(prompts[i]), latency, oracle))
         records.append(burst)
+        time.sleep(think_s)
+    return records
+
+
+def stream_generate_n(server, payload: dict, timeout: float = REQUEST_TIMEOUT_S):
+    """One streaming ``/generate`` with ``sampling_params.n`` > 1: returns
+    ``[(final_chunk, ttft), ...]`` by ``index`` (each copy's last chunk and
+    the seconds from sending to its first chunk)."""
+    start = time.perf_counter()
+    first, last = {}, {}
+    with requests.post(
+        f"{server.base_url}/generate",
+        json={**payload, "stream": True},
+        stream=True,
+        timeout=timeout,
+    ) as resp:
+        if resp.status_code != 200:
+            raise AssertionError(
+                f"/generate answered {resp.status_code}: {resp.text[:500]}"
+            )
+        for line in resp.iter_lines(chunk_size=None):
+            if not line or not line.startswith(b"data:"):
+                continue
+            data = line[len(b"data:") :].strip()
+            if data == b"[DONE]":
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                raise AssertionError(f"/generate stream error: {chunk}")
+            i = chunk.get("index", 0)
+            first.setdefault(i, time.perf_counter() - start)
+            last[i] = chunk
+    n = payload["sampling_params"]["n"]
+    if sorted(last) != list(range(n)):
+        raise AssertionError(f"stream ended with copies {sorted(last)} of {n}")
+    return [(last[i], first[i]) for i in range(n)]
+
+
+def run_n(
+    server,
+    groups: int,
+    n: int,
+    seed: int,
+    *,
+    prompt_tokens: int = 400,
+    think_s: float = 0.5,
+    max_new_tokens: int = 8,
+    route=None,
+):
+    """RL rollout groups sent as one streamed request with ``n`` copies of a
+    new prompt each (sglang prefills it once, then sends the copies).
+    ``route(g)`` like ``run_conversations``. Returns ``records[g][i]`` with
+    ``ttft``; ``oracle``: the prompt but its last token, for every copy."""
+    rng = random.Random(seed)
+    records = []
+    for g in range(groups):
+        prompt = [rng.choice(VOCAB) for _ in range(prompt_tokens)]
+        payload = {
+            "input_ids": prompt,
+            "sampling_params": greedy(max_new_tokens, n=n),
+        }
+        if route:
+            payload["routed_dp_rank"] = route(g)
+        start = time.perf_counter()
+        copies = stream_generate_n(server, payload)
+        latency = time.perf_counter() - start
+        group = []
+        for final, ttft in copies:
+            record = _record(final, prompt_tokens, latency, prompt_tokens - 1)
+            record.update(ttft=ttft, ids_mode="n")
+            group.append(record)
+        records.append(group)
         time.sleep(think_s)
     return records
 

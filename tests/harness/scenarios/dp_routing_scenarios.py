@@ -404,7 +404,14 @@ class _DigestSender:
 CRAFTED = (4, 4, 8, 2)
 
 
-def _crafted_controller(max_age, pending_ttl):
+# Server arguments under which a dispatched prefix earns credit from its
+# dispatch: no overlap scheduler and a policy with in-batch prefix caching
+# (the rank holds back a request sharing a waiting one's prefix until that
+# prefill is in the tree). Under the defaults it earns credit from its landing.
+CREDIT_ON_DISPATCH = dict(disable_overlap_schedule=True, schedule_policy="lpm")
+
+
+def _crafted_controller(max_age, pending_ttl, **server_kwargs):
     dp, page, chunk, max_extra = CRAFTED
     handle = start_controller(
         dp,
@@ -414,6 +421,7 @@ def _crafted_controller(max_age, pending_ttl):
         dp_routing_max_extra_reqs=max_extra,
         dp_routing_digest_max_age=max_age,
         dp_routing_pending_ttl=pending_ttl,
+        **server_kwargs,
     )
     sender = _DigestSender(handle, page, chunk)
     return handle, sender, handle.controller.cache_aware_router
@@ -617,8 +625,10 @@ def pending_cases(rank, world_size, ttl=1.0):
     prefix, confirmation by a digest, expiry after the TTL, a restart.
     Returns ``(landed_rank, how)`` per request and pending sizes per rank."""
     dp, page, chunk, max_extra = CRAFTED
-    handle, sender, router = _crafted_controller(max_age=30.0, pending_ttl=ttl)
-    out = {}
+    handle, sender, router = _crafted_controller(
+        max_age=30.0, pending_ttl=ttl, **CREDIT_ON_DISPATCH
+    )
+    out = {"credit_on_landing": router.credit_on_landing}
 
     def go(rid, tokens, refresh=True):
         before = dict(router.stats)
@@ -670,6 +680,73 @@ def pending_cases(rank, world_size, ttl=1.0):
         sender.send(restarted, epoch=9, seq=1)
         sender.settle()
         out["pending_after_restart"] = len(router.pending.expiry[restarted])
+        out["stats"] = dict(router.stats)
+        return out
+    finally:
+        handle.close()
+
+
+def send_landing(handle, rank, landings):
+    """A rank's ``PrefillLanded`` on the real landing channel: ``landings``
+    is ``[(rid, upto), ...]``."""
+    import zmq
+    from sglang.srt.managers.dp_routing.channel import prefill_landing_endpoint
+    from sglang.srt.managers.dp_routing.landing import PrefillLanded
+
+    socket = zmq.Context.instance().socket(zmq.PUSH)
+    socket.setsockopt(zmq.LINGER, 1000)
+    socket.connect(prefill_landing_endpoint(handle.port_args))
+    message = PrefillLanded(
+        dp_rank=rank, rids=[r for r, _ in landings], upto=[u for _, u in landings]
+    )
+    socket.send(message.encode())
+    socket.close()
+    time.sleep(0.05)  # delivered before the next dispatch drains it
+
+
+def landing_cases(rank, world_size, ttl=30.0):
+    """Prefill landings through the real controller under the default
+    scheduler (overlap on, fcfs): a dispatched prefix earns credit on its
+    rank only from its landing on. Returns ``(landed_rank, how)`` per
+    request and the pending sizes per rank."""
+    dp, page, chunk, max_extra = CRAFTED
+    handle, sender, router = _crafted_controller(max_age=30.0, pending_ttl=ttl)
+    out = {"credit_on_landing": router.credit_on_landing}
+
+    def go(rid, tokens, refresh=False):
+        before = dict(router.stats)
+        landed = handle.dispatch(make_req(rid, tokens), refresh=refresh)
+        how = [k for k, v in router.stats.items() if v != before.get(k, 0)]
+        return landed, how[0] if len(how) == 1 else how
+
+    def pending_sizes():
+        return [len(router.pending.expiry[r]) for r in range(dp)]
+
+    try:
+        write_loads(handle.port_args, [(0, 0, 0)] * dp)
+        for r in range(dp):
+            sender.send(r)
+        out["settled"] = sender.settle()
+        p = _prompt(50, 48)  # six chunks of 8
+        # A burst within one load refresh, no landing yet: nothing to reuse,
+        # each request goes to the least loaded rank.
+        out["burst"] = [go(f"b{i}", p + _prompt(60 + i, 8)) for i in range(dp)]
+        out["pending_before_landing"] = pending_sizes()
+        out["in_flight"] = len(router.in_flight)
+        first = out["burst"][0][0]
+        # The first request's rank reports its landing, one chunk short of a
+        # second (15 tokens); a wrong rank's report of it credits nothing.
+        send_landing(handle, (first + 1) % dp, [("b0", 48)])
+        send_landing(handle, first, [("b0", 2 * chunk - 1)])
+        out["partial"] = go("p0", p + _prompt(70, 8))
+        out["pending_after_partial"] = pending_sizes()
+        # The whole prompt lands: the next request follows.
+        send_landing(handle, first, [("b0", 56)])
+        out["after_landing"] = go("a0", p + _prompt(71, 8))
+        out["pending_after_landing"] = pending_sizes()
+        # A landing of a rid never dispatched credits nothing.
+        send_landing(handle, first, [("unknown", 56)])
+        out["pending_after_unknown"] = pending_sizes()
         out["stats"] = dict(router.stats)
         return out
     finally:

@@ -15,6 +15,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from harness.gloo_ranks import run_ranks
 from harness.scenarios.dp_routing_scenarios import (
     cache_aware_cases,
+    landing_cases,
     pending_cases,
     stall_cases,
 )
@@ -112,13 +113,18 @@ class TestCacheAwareDispatch(unittest.TestCase):
 
 class TestPendingPrefixes(unittest.TestCase):
     """--dp-routing-pending-ttl: a dispatched prefix counts on its rank until
-    that rank's digest shows it or the TTL passes."""
+    that rank's digest shows it or the TTL passes. From its dispatch on where
+    a follower can reuse it from then on (``--disable-overlap-schedule
+    --schedule-policy lpm``: in-batch prefix caching)."""
 
     TTL = 1.0
 
     @classmethod
     def setUpClass(cls):
         cls.out = run_ranks(pending_cases, 1, timeout=600, ttl=cls.TTL)[0]
+
+    def test_credit_from_dispatch_under_in_batch_prefix_caching(self):
+        self.assertFalse(self.out["credit_on_landing"])
 
     def test_burst_follows_its_first_request_up_to_the_override(self):
         self.assertTrue(self.out["settled"])
@@ -151,6 +157,44 @@ class TestPendingPrefixes(unittest.TestCase):
     def test_restart_drops_pending(self):
         self.assertGreaterEqual(self.out["pending_before_restart"], 6)
         self.assertEqual(self.out["pending_after_restart"], 0)
+
+
+class TestPrefillLandings(unittest.TestCase):
+    """Under the default scheduler (overlap on, fcfs) a request cannot reuse
+    a prefix whose prefill has not landed (``dp_routing.landing``): a
+    dispatched prefix earns credit on its rank only from its landing on, up
+    to the tokens landed (chunks of 8 tokens)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.out = run_ranks(landing_cases, 1, timeout=600)[0]
+        cls.first = cls.out["burst"][0][0]
+
+    def expected(self, n):
+        sizes = [0] * 4
+        sizes[self.first] = n
+        return sizes
+
+    def test_credit_from_landing_by_default(self):
+        self.assertTrue(self.out["settled"])
+        self.assertTrue(self.out["credit_on_landing"])
+
+    def test_burst_before_its_landing_spreads_by_load(self):
+        burst = self.out["burst"]
+        self.assertEqual([how for _, how in burst], ["miss"] * 4, burst)
+        self.assertEqual(sorted(rank for rank, _ in burst), [0, 1, 2, 3], burst)
+        self.assertEqual(self.out["pending_before_landing"], [0] * 4)
+        self.assertEqual(self.out["in_flight"], 4)
+
+    def test_partial_landing_credits_its_whole_chunks_on_its_rank_only(self):
+        # 15 tokens landed: one whole chunk; the wrong rank's report: none.
+        self.assertEqual(self.out["pending_after_partial"], self.expected(1))
+
+    def test_follower_after_the_landing_reuses_it(self):
+        # 56 tokens: the prompt's 7 chunks, one credited before.
+        self.assertEqual(self.out["pending_after_landing"], self.expected(7))
+        self.assertEqual(self.out["after_landing"], (self.first, "match"))
+        self.assertEqual(self.out["pending_after_unknown"], self.expected(7))
 
 
 class TestStalledRanks(unittest.TestCase):
