@@ -17,7 +17,9 @@ by side in one run:
 * ``cache_aware``: ours (``CacheAwareRouter`` fed by ``PrefixDigestTracker``
   digests published every 100 ms of simulated time, encoded and decoded as on
   the wire, with the server defaults: chunk size, ``--dp-routing-max-extra-reqs``,
-  ``--dp-routing-pending-ttl``); ``cache_aware_ttl0`` the same without pending
+  ``--dp-routing-pending-ttl``; a request's prefix earns credit once its rank
+  reports its prefill landed, at the modeled end of its prefill, as a wire
+  ``PrefillLanded``); ``cache_aware_ttl0`` the same without pending
   prefixes. The router runs in a controller process of its own (as the
   DataParallelController is), on a CPU of its own where the machine has two
   or more; requests reach it pickled and digests as wire payloads. Its
@@ -60,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import heapq
 import json
 import os
 import random
@@ -212,6 +215,10 @@ class Policy:
     def on_events(self, rank, events, now):
         pass
 
+    def on_served(self, rank, req, prefill_done):
+        """``req`` (routed to ``rank``) finishes its prefill at
+        ``prefill_done``."""
+
     def choose(self, req, now):
         raise NotImplementedError
 
@@ -268,9 +275,25 @@ class Ours(Policy):
         self.chunk = chunk
         self.seq = [0] * self.dp
         self.last_publish = -1.0
+        self.landings = []  # heap of (prefill done, rank, rid, prompt tokens)
 
     def on_events(self, rank, events, now):
         self.trackers[rank].apply(events)
+
+    def on_served(self, rank, req, prefill_done):
+        heapq.heappush(
+            self.landings, (prefill_done, rank, str(req.rid), len(req.prompt))
+        )
+
+    def _landed(self, now):
+        """The wire ``PrefillLanded`` of every prefill done by ``now``."""
+        from sglang.srt.managers.dp_routing.landing import PrefillLanded
+
+        out = []
+        while self.landings and self.landings[0][0] <= now:
+            _, rank, rid, upto = heapq.heappop(self.landings)
+            out.append(PrefillLanded(dp_rank=rank, rids=[rid], upto=[upto]).encode())
+        return out
 
     def choose(self, req, now):
         from sglang.srt.managers.dp_routing.digest import CacheDigest
@@ -297,7 +320,10 @@ class Ours(Policy):
                         host_hashes=host,
                     ).encode()
                 )
-        rank, spent = self.router.route(now, payloads, req.prompt, self.budget)
+        landed = self._landed(now)
+        rank, spent = self.router.route(
+            now, payloads, landed, req.prompt, str(req.rid), self.budget
+        )
         self.controller_s += spent
         return rank
 
@@ -334,13 +360,15 @@ class _InlineController:
             digest_max_age=5.0,
             pending_ttl=pending_ttl,
             clock=lambda: self.now,
+            credit_on_landing=True,
         )
         self.budget = Budget(dp)
         self.log, self.ranks = [], []
 
-    def route(self, now, payloads, prompt, budget):
-        body = (now, payloads, prompt, budget.total_requests, budget.total_tokens)
-        self.log.append(body[:3] + (list(body[3]), list(body[4])))
+    def route(self, now, payloads, landed, prompt, rid, budget):
+        body = (now, payloads, landed, prompt, rid)
+        body += (budget.total_requests, budget.total_tokens)
+        self.log.append(body[:5] + (list(body[5]), list(body[6])))
         rank, spent = self._route(body)
         self.ranks.append(rank)
         return rank, spent
@@ -349,15 +377,18 @@ class _InlineController:
         """Route one logged call (the controller process and replays call
         this directly: they keep no log)."""
         from sglang.srt.managers.dp_routing.digest import CacheDigest
+        from sglang.srt.managers.dp_routing.landing import PrefillLanded
         from sglang.srt.managers.dp_routing.request import RoutedRequest
 
-        self.now, payloads, prompt, requests, tokens = body
+        self.now, payloads, landed, prompt, rid, requests, tokens = body
         self.budget.total_requests[:] = requests
         self.budget.total_tokens[:] = tokens
         t0 = time.perf_counter()
         for payload in payloads:
             self.router.update_digest(CacheDigest.decode(payload))
-        request = RoutedRequest(prompt)  # a list, as in TokenizedGenerateReqInput
+        for payload in landed:
+            self.router.on_landed(PrefillLanded.decode(payload))
+        request = RoutedRequest(prompt, rid=rid)  # a list, as in the server
         rank = self.router.select(request, self.budget, range(self.dp)).rank
         return rank, time.perf_counter() - t0
 
@@ -432,11 +463,13 @@ class _ControllerProcess:
         self.conn.send_bytes(pickle.dumps((kind, body)))
         return self.conn.recv()
 
-    def route(self, now, payloads, prompt, budget):
+    def route(self, now, payloads, landed, prompt, rid, budget):
         body = (
             now,
             payloads,
+            landed,
             prompt,
+            rid,
             list(budget.total_requests),
             list(budget.total_tokens),
         )
@@ -625,6 +658,7 @@ def simulate(policy_cls, trace, dp, kv_tokens, host_ratio, decisions=None):
             policy.controller_s - before if policy.self_timed else elapsed
         )
         gpu, host, uncached, ttft = ranks[rank].serve(req, now)
+        policy.on_served(rank, req, now + ttft)
         events = ranks[rank].tree.cache.take_events()
         res.evicted += PAGE * sum(
             len(e.block_hashes)

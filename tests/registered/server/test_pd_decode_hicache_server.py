@@ -12,21 +12,29 @@ prefixes, which records a ``torch.cuda.Event``
 
 Requests are sent the way sglang's mini load balancer sends them: the same body
 with ``bootstrap_host/port/room`` to both servers at once, the answer taken
-from the decode server.  The prefill server runs with ``--disable-radix-cache``:
-every hit a request reports is the decode worker's own.  Three DP=2 decode
-workers with a 640-token device pool and a host tier twice that serve the same
-workload from the one prefill server:
+from the decode server.  The model is the tiny DeepSeek-V3 (plain MLA), served
+as DeepSeek deployments serve it: decode workers with DP attention.  The prefill
+server runs with ``--disable-radix-cache``: every hit a request reports is the
+decode worker's own.  Three decode workers with two DP ranks, a 640-token device
+pool and a host tier twice that serve the same workload from the one prefill
+server:
 
-* ``seed``: ``--disaggregation-decode-enable-radix-cache
+* ``seed``: DP attention (``--tp 2 --dp-size 2 --enable-dp-attention``, where
+  0.5.23 warns "Decode radix cache with DP attention. Requires prefix-aware DP
+  rank routing for optimal cache hits.") with
+  ``--disaggregation-decode-enable-radix-cache
   --disaggregation-decode-enable-hicache --disaggregation-decode-hicache-ratio
   2.0``; it auto-selects cache_aware routing;
 * ``round_robin``: the same with ``--load-balance-method round_robin``;
-* ``generic``: the same wheel with upstream's generic spelling
+* ``generic``: plain DP (``--dp-size 2``), the same wheel with upstream's
+  generic spelling
   (``--enable-hierarchical-cache --hicache-ratio 2.0
   --disaggregation-decode-enable-radix-cache``) and upstream's default
   ``--load-balance-method round_robin`` (named: with the decode radix cache
   flag the wheel would pick cache_aware): the scheduler keeps 0.5.23's
-  admission, which it says by not logging the seed interface's.
+  admission, which it says by not logging the seed interface's.  Its greedy
+  outputs are not compared with the seed worker's: without DP attention the
+  MLP runs unsharded, and the tiny model's near-tied logits pick other tokens.
 
 Workload: prompts A and B (one per rank), eight fillers (A and B leave their
 ranks' device pools for the host tier: three 208-token requests fill a pool),
@@ -56,6 +64,8 @@ PD_ENV = {
     "SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX": "false",
 }
 TRANSFER = ["--disaggregation-transfer-backend", "mooncake_tcp"]
+MODEL = "tiny-mla"
+DP_ATTENTION = ["--tp", "2", "--enable-dp-attention"]
 DECODE_POOL = 640  # tokens per decode rank
 PROMPT_WORDS = 200  # one token per word with the tiny tokenizer
 NEW_TOKENS = 8  # a finished request keeps 208 tokens: 3 fill a device pool
@@ -92,8 +102,8 @@ GENERIC_FLAGS = ["--enable-hierarchical-cache", "--hicache-ratio", "2.0"]
 GENERIC_FLAGS += ["--disaggregation-decode-enable-radix-cache"]
 # name: decode arguments (all on the patched wheel)
 DECODES = {
-    "seed": DECODE_BASE + SEED_FLAGS,
-    "round_robin": DECODE_BASE + SEED_FLAGS + ROUND_ROBIN,
+    "seed": DECODE_BASE + DP_ATTENTION + SEED_FLAGS,
+    "round_robin": DECODE_BASE + DP_ATTENTION + SEED_FLAGS + ROUND_ROBIN,
     "generic": DECODE_BASE + GENERIC_FLAGS + ROUND_ROBIN,
 }
 # What the decode scheduler logs at startup when it runs the seed interface's
@@ -174,12 +184,18 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
         prefill_args = ["--disaggregation-mode", "prefill", *TRANSFER]
         prefill_args += ["--disaggregation-bootstrap-port", str(bootstrap_port)]
         prefill_args += ["--disable-radix-cache"]
-        prefill = LiveServer("patched", prefill_args, env=PD_ENV, name="prefill")
+        prefill = LiveServer(
+            "patched", prefill_args, env=PD_ENV, name="prefill", model=MODEL
+        )
         decodes, pids = {}, []
 
         def start(name):
             decodes[name] = LiveServer(
-                "patched", DECODES[name], env=PD_ENV, name=f"decode-{name}"
+                "patched",
+                DECODES[name],
+                env=PD_ENV,
+                name=f"decode-{name}",
+                model=MODEL,
             )
 
         try:
@@ -209,10 +225,23 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
         }
         for name, method in expected.items():
             info = self.results[name]["info"]
-            self.assertEqual(info.get("dp_size"), 2, name)
+            # 0.5.23 reads --dp-size N --enable-dp-attention as attn_dp_size N
+            # (dp_size 1): N attention DP ranks behind one controller.
+            dp_attention = name != "generic"
+            self.assertEqual(info.get("enable_dp_attention"), dp_attention, name)
+            key = "attn_dp_size" if dp_attention else "dp_size"
+            self.assertEqual(info.get(key), 2, name)
             self.assertEqual(info.get("load_balance_method"), method, name)
             self.assertTrue(info.get("enable_hierarchical_cache"), name)
             self.assertFalse(info.get("disable_radix_cache"), name)
+
+    def test_dp_attention_decode_with_the_decode_radix_cache(self):
+        for name in ("seed", "round_robin"):
+            log = self.results[name]["log"]
+            self.assertIn("'enable_dp_attention': True", log, name)
+            # 0.5.23's warning that this setup needs prefix-aware routing
+            self.assertIn("Decode radix cache with DP attention", log, name)
+        self.assertNotIn("'enable_dp_attention': True", self.results["generic"]["log"])
 
     def test_the_scheduler_runs_the_seed_admission_from_the_seed_flag_only(self):
         for name, seed_flag in (("seed", 1), ("round_robin", 1), ("generic", 0)):
@@ -255,8 +284,11 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
             order = [key for key, _ in workload()]
             for i, key in enumerate(order):
                 self.assertEqual(runs[key]["rank"], i % 2, (name, key))
-                # the same greedy outputs as the seed worker's, hit or miss
-                self.assertEqual(runs[key]["output_ids"], seed[key]["output_ids"])
+                if name == "round_robin":  # the seed worker's geometry
+                    # the same greedy outputs as the seed worker's, hit or miss
+                    self.assertEqual(
+                        runs[key]["output_ids"], seed[key]["output_ids"], key
+                    )
             for key in ("A", "B"):
                 again = runs[f"{key} again"]
                 self.assertNotEqual(again["rank"], runs[key]["rank"], (name, key))
