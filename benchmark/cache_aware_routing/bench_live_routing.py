@@ -184,7 +184,7 @@ def series_tree(rev: str) -> Path:
 
 
 def run_mode(server, mode, work, seed, route):
-    if mode == "burst":
+    if mode in ("burst", "grpo_group"):
         return run_bursts(
             server,
             bursts=work["n"],
@@ -193,18 +193,7 @@ def run_mode(server, mode, work, seed, route):
             max_new_tokens=work["max_new_tokens"],
             stream=True,
             route=route,
-            **BURST,
-        )
-    if mode == "grpo_group":
-        return run_bursts(
-            server,
-            bursts=work["n"],
-            seed=seed,
-            think_s=work["think_s"],
-            max_new_tokens=work["max_new_tokens"],
-            stream=True,
-            route=route,
-            **GRPO,
+            **(BURST if mode == "burst" else GRPO),
         )
     if mode == "grpo_n":
         return run_n(

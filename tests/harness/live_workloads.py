@@ -34,19 +34,10 @@ def conversations(n: int, seed: int, first: int = 300) -> list[list[int]]:
     return [[rng.choice(VOCAB) for _ in range(first)] for _ in range(n)]
 
 
-def stream_generate(
-    server, payload: dict, timeout: float = REQUEST_TIMEOUT_S
-) -> tuple[dict, float, str]:
-    """One streaming ``/generate``: returns ``(final, ttft, ids_mode)``.
-
-    ``final`` is the last chunk with ``output_ids`` replaced by the request's
-    full output ids, ``ttft`` the seconds from sending to the first data chunk
-    and ``ids_mode`` how the chunks carried the ids: ``"cumulative"`` or
-    ``"incremental"`` (checked against ``meta_info.completion_tokens``).
-    """
+def _sse_chunks(server, payload: dict, timeout: float):
+    """A streaming ``/generate``: yields ``(chunk, seconds since sending)``
+    per SSE data chunk, ``(None, seconds)`` for ``[DONE]``."""
     start = time.perf_counter()
-    ttft = None
-    chunks = []
     with requests.post(
         f"{server.base_url}/generate",
         json={**payload, "stream": True},
@@ -57,20 +48,39 @@ def stream_generate(
             raise AssertionError(
                 f"/generate answered {resp.status_code}: {resp.text[:500]}"
             )
-        done = False
         for line in resp.iter_lines(chunk_size=None):
             if not line or not line.startswith(b"data:"):
                 continue
             data = line[len(b"data:") :].strip()
             if data == b"[DONE]":
-                done = True
-                break
-            if ttft is None:
-                ttft = time.perf_counter() - start
+                yield None, time.perf_counter() - start
+                return
             chunk = json.loads(data)
             if "error" in chunk:
                 raise AssertionError(f"/generate stream error: {chunk}")
-            chunks.append(chunk)
+            yield chunk, time.perf_counter() - start
+
+
+def stream_generate(
+    server, payload: dict, timeout: float = REQUEST_TIMEOUT_S
+) -> tuple[dict, float, str]:
+    """One streaming ``/generate``: returns ``(final, ttft, ids_mode)``.
+
+    ``final`` is the last chunk with ``output_ids`` replaced by the request's
+    full output ids, ``ttft`` the seconds from sending to the first data chunk
+    and ``ids_mode`` how the chunks carried the ids: ``"cumulative"`` or
+    ``"incremental"`` (checked against ``meta_info.completion_tokens``).
+    """
+    ttft = None
+    chunks = []
+    done = False
+    for chunk, seconds in _sse_chunks(server, payload, timeout):
+        if chunk is None:
+            done = True
+            break
+        if ttft is None:
+            ttft = seconds
+        chunks.append(chunk)
     if not chunks or not done:
         raise AssertionError(f"/generate stream ended early ({len(chunks)} chunks)")
     final = dict(chunks[-1])
@@ -218,30 +228,13 @@ def stream_generate_n(server, payload: dict, timeout: float = REQUEST_TIMEOUT_S)
     """One streaming ``/generate`` with ``sampling_params.n`` > 1: returns
     ``[(final_chunk, ttft), ...]`` by ``index`` (each copy's last chunk and
     the seconds from sending to its first chunk)."""
-    start = time.perf_counter()
     first, last = {}, {}
-    with requests.post(
-        f"{server.base_url}/generate",
-        json={**payload, "stream": True},
-        stream=True,
-        timeout=timeout,
-    ) as resp:
-        if resp.status_code != 200:
-            raise AssertionError(
-                f"/generate answered {resp.status_code}: {resp.text[:500]}"
-            )
-        for line in resp.iter_lines(chunk_size=None):
-            if not line or not line.startswith(b"data:"):
-                continue
-            data = line[len(b"data:") :].strip()
-            if data == b"[DONE]":
-                break
-            chunk = json.loads(data)
-            if "error" in chunk:
-                raise AssertionError(f"/generate stream error: {chunk}")
-            i = chunk.get("index", 0)
-            first.setdefault(i, time.perf_counter() - start)
-            last[i] = chunk
+    for chunk, seconds in _sse_chunks(server, payload, timeout):
+        if chunk is None:
+            break
+        i = chunk.get("index", 0)
+        first.setdefault(i, seconds)
+        last[i] = chunk
     n = payload["sampling_params"]["n"]
     if sorted(last) != list(range(n)):
         raise AssertionError(f"stream ended with copies {sorted(last)} of {n}")

@@ -620,6 +620,31 @@ def cache_aware_cases(rank, world_size):
         handle.close()
 
 
+def _probes(handle, router, refresh_default):
+    """``go(rid, tokens)``: dispatch through the controller, returns
+    ``(landed_rank, how)``; ``pending_sizes()``: the keys pending per rank."""
+
+    def go(rid, tokens, refresh=refresh_default):
+        before = dict(router.stats)
+        landed = handle.dispatch(make_req(rid, tokens), refresh=refresh)
+        how = [k for k, v in router.stats.items() if v != before.get(k, 0)]
+        return landed, how[0] if len(how) == 1 else how
+
+    def pending_sizes():
+        return [len(router.pending.expiry[r]) for r in range(router.num_dp_ranks)]
+
+    return go, pending_sizes
+
+
+def _settle_idle(handle, sender):
+    """Every rank idle, with an empty digest; True once the router has them."""
+    dp = CRAFTED[0]
+    write_loads(handle.port_args, [(0, 0, 0)] * dp)
+    for r in range(dp):
+        sender.send(r)
+    return sender.settle()
+
+
 def pending_cases(rank, world_size, ttl=1.0):
     """Pending prefixes through the real controller: a burst sharing a new
     prefix, confirmation by a digest, expiry after the TTL, a restart.
@@ -629,21 +654,10 @@ def pending_cases(rank, world_size, ttl=1.0):
         max_age=30.0, pending_ttl=ttl, **CREDIT_ON_DISPATCH
     )
     out = {"credit_on_landing": router.credit_on_landing}
-
-    def go(rid, tokens, refresh=True):
-        before = dict(router.stats)
-        landed = handle.dispatch(make_req(rid, tokens), refresh=refresh)
-        how = [k for k, v in router.stats.items() if v != before.get(k, 0)]
-        return landed, how[0] if len(how) == 1 else how
-
-    def pending_sizes():
-        return [len(router.pending.expiry[r]) for r in range(dp)]
+    go, pending_sizes = _probes(handle, router, refresh_default=True)
 
     try:
-        write_loads(handle.port_args, [(0, 0, 0)] * dp)
-        for r in range(dp):
-            sender.send(r)
-        out["settled"] = sender.settle()
+        out["settled"] = _settle_idle(handle, sender)
         p = _prompt(50, 48)
         # Within one load refresh: the first request misses, the next ones
         # follow it while the load check allows (max_extra 2), then override.
@@ -712,21 +726,10 @@ def landing_cases(rank, world_size, ttl=30.0):
     dp, page, chunk, max_extra = CRAFTED
     handle, sender, router = _crafted_controller(max_age=30.0, pending_ttl=ttl)
     out = {"credit_on_landing": router.credit_on_landing}
-
-    def go(rid, tokens, refresh=False):
-        before = dict(router.stats)
-        landed = handle.dispatch(make_req(rid, tokens), refresh=refresh)
-        how = [k for k, v in router.stats.items() if v != before.get(k, 0)]
-        return landed, how[0] if len(how) == 1 else how
-
-    def pending_sizes():
-        return [len(router.pending.expiry[r]) for r in range(dp)]
+    go, pending_sizes = _probes(handle, router, refresh_default=False)
 
     try:
-        write_loads(handle.port_args, [(0, 0, 0)] * dp)
-        for r in range(dp):
-            sender.send(r)
-        out["settled"] = sender.settle()
+        out["settled"] = _settle_idle(handle, sender)
         p = _prompt(50, 48)  # six chunks of 8
         # A burst within one load refresh, no landing yet: nothing to reuse,
         # each request goes to the least loaded rank.
