@@ -482,7 +482,8 @@ def main():
     path = run_dir(args.out, tag + ("-quick" if args.quick else "")) / (
         "bench_live_routing.json"
     )
-    path.write_text(json.dumps(meta, indent=2))
+    # every request of every repetition: compact
+    path.write_text(json.dumps(meta, separators=(",", ":")) + "\n")
     png = path.with_suffix(".png")
     _plot(runs, [p for p, _ in policies], png, series, label)
     shown = [p.relative_to(ROOT) if p.is_relative_to(ROOT) else p for p in (path, png)]
@@ -508,7 +509,8 @@ def resummarize(path: Path) -> None:
     meta["resummarized_by"] = run_metadata().get("git_revision")
     label = f"DP={dp}" + (" attention" if meta["params"].get("dp_attention") else "")
     _print(runs, meta["servers"], meta["series"], label)
-    path.write_text(json.dumps(meta, indent=2))
+    # every request of every repetition: compact
+    path.write_text(json.dumps(meta, separators=(",", ":")) + "\n")
     _plot(
         runs,
         meta["params"]["policies"],
