@@ -161,26 +161,6 @@ class TestDecodeHiCacheFlagResolution(unittest.TestCase):
         view = _resolve(*DECODE, HICACHE, "--hicache-size", "8")
         self.assertEqual(view.hicache_size, 8)
 
-    def test_auto_selects_cache_aware_routing(self):
-        # With the cache-aware-routing group also applied: the decode HiCache
-        # switch implies the decode radix cache, which auto-selects it.
-        import inspect
-
-        from sglang.srt.server_args import ServerArgs
-
-        if "dp_routing_pending_ttl" not in inspect.signature(ServerArgs).parameters:
-            self.skipTest("needs the cache-aware-routing group")
-        from sglang.srt.arg_groups.model_override_base import resolved_view
-        from sglang.srt.arg_groups.pd_disaggregation_hook import (
-            handle_pd_disaggregation,
-        )
-        from sglang.srt.arg_groups.serving_hook import handle_load_balance_method
-
-        server_args = _parse(*DECODE, HICACHE, "--dp-size", "2", "--page-size", "1")
-        handle_pd_disaggregation(server_args)
-        handle_load_balance_method(server_args)
-        self.assertEqual(resolved_view(server_args).load_balance_method, "cache_aware")
-
     def test_flags_off_leave_no_declaration(self):
         from sglang.srt.arg_groups.pd_disaggregation_hook import (
             handle_pd_disaggregation,
