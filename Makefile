@@ -11,7 +11,8 @@
 # WHEEL_PLATFORM (cross-target, e.g. cp312 / manylinux_2_34_aarch64), LABEL
 # (local version label), FORCE=1 (apply over unexported work), GROUP (refresh:
 # the series group new commits go to), FEATURE (pr; PR_AUTHOR="Name <email>"),
-# PYTEST_ARGS, PORT, MODEL (tiny-llama, tiny-mla, tiny-dsa) and SERVER_ARGS (serve-cpu).
+# PYTEST_ARGS, PORT, MODEL (tiny-llama, tiny-mla, tiny-dsa) and SERVER_ARGS (serve-cpu),
+# TORCH_INDEX (where pip finds torch's CPU build; empty: pip's configuration).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -57,6 +58,13 @@ $(LINT_UPSTREAM)/.stamp: requirements/lint-upstream.txt
 	$(LINT_UPSTREAM)/bin/python -m pip install -q --no-cache-dir -r requirements/lint-upstream.txt
 	touch $@
 
+# torch==2.13.0+cpu (requirements/test-cpu.txt) is PyTorch's CPU build, which PyPI
+# does not carry: pip takes it from PyTorch's CPU wheel index, as PyTorch documents
+# CPU installs (TORCH_INDEX= leaves its source to pip's own configuration). It is
+# installed first and alone, so the other packages never query that index.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_PIN = $$(grep -E '^torch==' requirements/test-cpu.txt)
+
 # --no-cache-dir: the venv is the only copy (CI's disk is small).  The
 # torchvision stand-in hook only acts where torchvision's C++ ops cannot load
 # (tests/standins/torchvision_ops.py says why).
@@ -64,6 +72,7 @@ $(LINT_UPSTREAM)/.stamp: requirements/lint-upstream.txt
 # started with SGLANG_TEST_CPU_SERVER_STANDINS=1 (live tests, serve-cpu) only.
 $(VENV)/.stamp: requirements/test-cpu.txt requirements/lint.txt tests/standins/torchvision_ops.py tests/standins/cpu_server_standins.py
 	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --no-cache-dir --no-deps $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) $(TORCH_PIN)
 	$(VENV)/bin/python -m pip install -q --no-cache-dir -r requirements/test-cpu.txt -r requirements/lint.txt
 	$(VENV)/bin/python tests/standins/torchvision_ops.py
 	$(VENV)/bin/python tests/standins/cpu_server_standins.py
@@ -97,7 +106,7 @@ lint: venv $(LINT_UPSTREAM)/.stamp
 	@$(APPLY_IF_STALE)
 	$(PYTHON) scripts/lint_product.py
 
-pytest: sysdeps install model
+pytest: sysdeps install model $(LINT_UPSTREAM)/.stamp
 	$(VENV)/bin/python -m pytest tests $(PYTEST_ARGS)
 
 test: sysdeps lint pytest
