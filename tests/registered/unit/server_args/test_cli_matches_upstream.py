@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import unittest
+from pathlib import Path
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -27,6 +28,7 @@ PROJECT_ONLY = "compares with the pristine upstream wheel (harness.compare)"
 # unknown} for the candidates given on stdin, as argparse itself resolves them.
 RESOLVE = r"""
 import argparse, json, sys
+import sglang.srt.server_args as module
 from sglang.srt.server_args import ServerArgs
 
 class Ambiguous(Exception):
@@ -53,7 +55,7 @@ for arg in candidates:
         found = found[0] if len(found) == 1 else None
     action = found[0] if found else None
     out[arg] = action.dest if action is not None else None
-print(json.dumps(out))
+print(json.dumps({"module": module.__file__, "resolved": out}))
 """
 
 
@@ -75,11 +77,22 @@ def resolve(candidates, pythonpath=None):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def is_under(module: str, tree) -> bool:
+    return Path(module).resolve().is_relative_to(Path(tree).resolve())
+
+
 class TestCliMatchesUpstream(unittest.TestCase):
     def test_every_upstream_spelling_resolves_the_same(self):
-        upstream = resolve(None, pythonpath=upstream_tree())
-        resolved = {arg: dest for arg, dest in upstream.items() if dest}
-        ours = resolve(sorted(resolved))
+        tree = upstream_tree()
+        upstream = resolve(None, pythonpath=tree)
+        resolved = {arg: dest for arg, dest in upstream["resolved"].items() if dest}
+        answer = resolve(sorted(resolved))
+        ours = answer["resolved"]
+        # Each parser came from the tree it stands for (a misconfigured path
+        # would compare our parser with itself).
+        self.assertTrue(is_under(upstream["module"], tree), upstream["module"])
+        self.assertFalse(is_under(answer["module"], tree), answer["module"])
+        self.assertIn("site-packages", Path(answer["module"]).parts)
         # The check discriminates: exact flags and abbreviations alike.
         self.assertIn("--dp", resolved)
         self.assertEqual(resolved["--dp"], "dp_size")
