@@ -28,6 +28,12 @@ class TestRankShardFlagOff(unittest.TestCase):
             self.assertFalse(r["sharded"])
             self.assertEqual(r["groups_created"], 0)
             self.assertEqual(r["mismatches"], [])
+            # The comparison covers what it is about: backups and load-backs
+            # that reached the device (each checked bit for bit above).
+            done = [e for e in r["events"] if len(e) == 3 and isinstance(e[2], list)]
+            self.assertGreater(len([e for e in done if e[0] == "write"]), 0)
+            self.assertGreater(len([e for e in done if e[0] == "load"]), 0)
+            self.assertTrue(r["trace"], "no kvcacheio transfer traced")
         self.assertEqual(diff_results(upstream, patched), [])
 
 
