@@ -159,15 +159,25 @@ def indexer_forward_native(
         raise NotImplementedError(
             f"stand-in DSA indexer: forward mode {mode} needs the real indexer"
         )
-    seq_lens = forward_batch.seq_lens_cpu
-    if seq_lens is not None and seq_lens.numel():
-        longest = int(seq_lens.max())
-        if longest > self.index_topk:
-            raise NotImplementedError(
-                f"stand-in DSA indexer: a {longest}-token sequence exceeds "
-                f"index_topk={self.index_topk}; the sparse top-k selection needs "
-                "the real indexer kernels"
-            )
+    # The real indexer skips its top-k (every token selected) only where it
+    # knows every sequence is at most index_topk long: from seq_lens_cpu, else
+    # seq_lens; with neither it runs the full selection.
+    longest = None
+    for seq_lens in (forward_batch.seq_lens_cpu, forward_batch.seq_lens):
+        if seq_lens is not None and seq_lens.numel():
+            longest = int(seq_lens.max())
+            break
+    if longest is None and not mode.is_idle():
+        raise NotImplementedError(
+            "stand-in DSA indexer: no sequence lengths (seq_lens_cpu and seq_lens "
+            "empty); the real indexer would run its sparse top-k selection"
+        )
+    if longest is not None and longest > self.index_topk:
+        raise NotImplementedError(
+            f"stand-in DSA indexer: a {longest}-token sequence exceeds "
+            f"index_topk={self.index_topk}; the sparse top-k selection needs "
+            "the real indexer kernels"
+        )
     if getattr(self, "use_dsa_indexer_fusion", False):
         raise NotImplementedError("stand-in DSA indexer: fused K path (CUDA only)")
     key = _index_key(self, x, positions)

@@ -38,6 +38,37 @@ def test_kvcacheio_requires_equal_index_counts():
         )
 
 
+def test_kvcacheio_moves_whole_pages_between_the_layouts():
+    """The page_first_direct ops on a hand-computed example: device buffers
+    are layer-first (one [tokens, width] tensor per layer), the host buffer is
+    page-first ([pages, layers, page_size, width]); indices are token
+    indices, one page per ``page_size`` of them."""
+    ps, width = 2, 3
+    # layer l, token t, column c holds 100 * l + 3 * t + c
+    dev = [
+        torch.arange(8 * width, dtype=torch.float32).view(8, width) + 100 * l
+        for l in range(2)
+    ]
+    host = torch.zeros(4, 2, ps, width)
+    # device pages 3 and 1 (tokens 6,7 and 2,3) -> host pages 1 and 3
+    kvcacheio.transfer_kv_all_layer_direct_lf_pf(
+        dev, [host], torch.tensor([6, 7, 2, 3]), torch.tensor([2, 3, 6, 7]), ps
+    )
+    assert host[1, 0].tolist() == [[18.0, 19.0, 20.0], [21.0, 22.0, 23.0]]
+    assert host[1, 1].tolist() == [[118.0, 119.0, 120.0], [121.0, 122.0, 123.0]]
+    assert host[3, 0].tolist() == [[6.0, 7.0, 8.0], [9.0, 10.0, 11.0]]
+    assert host[3, 1].tolist() == [[106.0, 107.0, 108.0], [109.0, 110.0, 111.0]]
+    assert not host[0].any() and not host[2].any()
+    # host page 3, layer 1 -> page 0 of layer 1's device buffer (the op gets
+    # that layer's buffer, as upstream's load_to_device_per_layer passes it)
+    back = torch.zeros(8, width)
+    kvcacheio.transfer_kv_per_layer_direct_pf_lf(
+        [host], [back], torch.tensor([6, 7]), torch.tensor([0, 1]), 1, ps
+    )
+    assert back[:2].tolist() == [[106.0, 107.0, 108.0], [109.0, 110.0, 111.0]]
+    assert not back[2:].any()
+
+
 def test_gpu_standin_requires_equal_page_counts():
     from tooling.test_gpu_standin import GPU, load_module
 
@@ -115,9 +146,21 @@ def test_indexer_standin_raises_past_index_topk():
 
     indexer = types.SimpleNamespace(index_topk=4, use_dsa_indexer_fusion=False)
     batch = types.SimpleNamespace(
-        forward_mode=ForwardMode.EXTEND, seq_lens_cpu=torch.tensor([3, 5])
+        forward_mode=ForwardMode.EXTEND,
+        seq_lens_cpu=torch.tensor([3, 5]),
+        seq_lens=torch.tensor([3, 5]),
     )
     with pytest.raises(NotImplementedError, match="exceeds index_topk=4"):
+        dsa.indexer_forward_native(indexer, None, None, None, batch, 0)
+    # Without the CPU copy (decode, or a batch that carries none) the device
+    # lengths decide, as in the real indexer's skip.
+    for mode in (ForwardMode.EXTEND, ForwardMode.DECODE):
+        batch.forward_mode, batch.seq_lens_cpu = mode, None
+        with pytest.raises(NotImplementedError, match="exceeds index_topk=4"):
+            dsa.indexer_forward_native(indexer, None, None, None, batch, 0)
+    # No lengths at all: the real indexer would select, the stand-in cannot.
+    batch.seq_lens = torch.tensor([], dtype=torch.int64)
+    with pytest.raises(NotImplementedError, match="no sequence lengths"):
         dsa.indexer_forward_native(indexer, None, None, None, batch, 0)
     batch.forward_mode = ForwardMode.TARGET_VERIFY
     with pytest.raises(NotImplementedError, match="needs the real indexer"):
