@@ -2,6 +2,7 @@
 """Run a feature's PR tests as upstream's CI would, on the PR alone.
 
     python scripts/pr_check.py cache-aware-routing    # make pr-check FEATURE=...
+    python scripts/pr_check.py fixes --pristine-only  # only the runs on pristine
 
 Extracts the PR (``make_pr``), lays out build/pr-check/<feature>/ as
 upstream's repository (``python/sglang`` = the pinned release with the PR's
@@ -15,8 +16,9 @@ not to an installed sglang. A test that declares ``LANDS_WITH = "NNNN"``
 also runs on the prefix ending at that patch, before the whole PR.
 
 First, before any patch, every test runs on the pristine release and must
-fail there: a PR test that passes without its patches proves nothing about
-them. A test that passes on pristine on purpose (a flag-off comparison with
+fail there, each of its test ids by its own assertion (``unittest_outcomes``:
+an import error, a collection error or a crash does not count): a PR test
+that passes without its patches proves nothing about them. A test that passes on pristine on purpose (a flag-off comparison with
 upstream) declares why: ``PASSES_ON_PRISTINE = "<reason>"``, and must pass.
 
 The pristine runs and the import checks are forked from a warm interpreter
@@ -35,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 
+import unittest_outcomes
 from common import BUILD, ToolError, group_needs, read_series, run_main
 from lint_product import lint, patch_files
 from make_pr import apply_each, apply_stacked_on, copy_pristine, make_pr
@@ -43,9 +46,15 @@ from pr_tests import (
     feature_tests,
     lands_with,
     passes_on_pristine,
+    passing_tests_on_pristine,
     upstream_test_path,
 )
 from warm_python import THIRD_PARTY, WarmPython
+
+# The groups whose PR tests are held to the per-test-id pristine rule (each
+# id fails there by its own assertion); the others still fail file by file,
+# their other ids listed, until their tests are rewritten to meet it.
+PER_ID_GROUPS = ("fixes",)
 
 # A test's time limit: its registered estimate times this, at least the floor
 # (the estimate is for upstream's CI machines; ours may be slower and busy).
@@ -136,7 +145,9 @@ PRISTINE_PRELOAD = THIRD_PARTY + ("sglang", "sglang.test.ci.ci_register")
 IMPORT_TIMEOUT_S = 600
 
 
-def pr_check(feature: str) -> list[tuple[str, str, float, str]]:
+def pr_check(
+    feature: str, pristine_only: bool = False
+) -> list[tuple[str, str, float, str]]:
     out = make_pr(feature, os.environ.get("PR_AUTHOR") or None)
     entries = [e for e in read_series() if e.startswith(feature + "/")]
     layout = BUILD / "pr-check" / feature
@@ -160,11 +171,26 @@ def pr_check(feature: str) -> list[tuple[str, str, float, str]]:
         layout / upstream_test_path(src): passes_on_pristine(src)
         for src in feature_tests(feature)
     }
+    passing = {
+        layout / upstream_test_path(src): passing_tests_on_pristine(src)
+        for src in feature_tests(feature)
+    }
     with WarmPython(PRISTINE_PRELOAD, sglang_path=layout / "python") as warm:
         rows = [
-            run_pristine(warm, layout, path, env, on_pristine.get(path), base)
+            run_pristine(
+                warm,
+                layout,
+                path,
+                env,
+                on_pristine.get(path),
+                base,
+                passing.get(path),
+                per_id=feature in PER_ID_GROUPS,
+            )
             for path in tests
         ]
+    if pristine_only:
+        return rows
 
     with WarmPython() as warm:
 
@@ -237,28 +263,55 @@ def run_pristine(
     env: dict,
     reason: str | None,
     base: str = "pristine 0.5.23",
+    passing_tests: dict | None = None,
+    per_id: bool = True,
 ):
     """The test on the pristine release (no patch of the PR applied yet; a PR
     stacked on fixes has those), forked from ``warm`` as ``python3 <test>`` in
-    its folder: it must fail, or pass when it declares why it passes without
-    the PR."""
+    its folder: each test id must fail by assertion, but those it declares
+    to pass (``PASSES_ON_PRISTINE_TESTS``), or the whole file must pass when
+    it declares why it passes without the PR (``PASSES_ON_PRISTINE``).
+    Without ``per_id`` (a group not yet held to that rule) a failing file
+    passes the check and the ids that did not fail by assertion are listed."""
+    declared = passing_tests or {}
     rel = str(path.relative_to(layout)) + f" ({base})"
     reg = cpu_registration(path)
     limit = _time_limit(reg)
     log = path.with_suffix(".pristine.log")
+    record = path.with_suffix(".pristine.json")
+    record.unlink(missing_ok=True)
     start = time.monotonic()
-    code = warm.run([path.name], path.parent, env, log, limit)
+    code = warm.run(
+        [path.name, record], path.parent, env, log, limit, code=unittest_outcomes.RUNNER
+    )
     outcome = "pass" if code == 0 else f"FAIL ({code})"
     if code is None:  # a hang is no failure of the test's own
         outcome = f"FAIL (over {limit:.0f} s)"
     passed = code == 0
     if reason is None:
-        result = "fails as required" if not passed else "FAIL (passes without the PR)"
+        # Each test id must fail by its own assertion: an import error, a
+        # collection error or a crash proves nothing about the PR.
+        others = unittest_outcomes.unexpected_on_pristine(
+            unittest_outcomes.read(record), declared
+        )
+        listed = "; ".join(
+            f"{'.'.join(tid.split('.')[-2:])}: {kind}"
+            for tid, kind in sorted(others.items())
+        )
+        if passed and not declared:
+            result = "FAIL (passes without the PR)"
+        elif others and per_id:
+            result = f"FAIL (not by assertion: {listed})"
+        elif others:
+            result = f"fails (not per test id: {listed})"
+        else:
+            result = "fails as required"
+        ok = code is not None and (not others if per_id else not passed)
     else:
         result = (
             f"passes: {reason}" if passed else f"FAIL (declared to pass: {outcome})"
         )
-    ok = code is not None and passed == (reason is not None)
+        ok = code is not None and passed
     if code is None:
         result = outcome
     row = (
@@ -274,9 +327,12 @@ def run_pristine(
 
 
 def main() -> None:
-    if len(sys.argv) != 2:
-        raise ToolError("usage: pr_check.py <feature group>")
-    rows = pr_check(sys.argv[1])
+    args = sys.argv[1:]
+    pristine_only = "--pristine-only" in args
+    args = [a for a in args if a != "--pristine-only"]
+    if len(args) != 1:
+        raise ToolError("usage: pr_check.py <feature group> [--pristine-only]")
+    rows = pr_check(args[0], pristine_only)
     runs = [r for r in rows if r[1] != LINT]
     failed = [r for r in rows if r[3] != "pass"]
     passed = len([r for r in runs if r[3] == "pass"])

@@ -65,6 +65,20 @@ def passes_on_pristine(path: Path) -> str | None:
     return reasons[0] if reasons else None
 
 
+def passing_tests_on_pristine(path: Path) -> dict[str, str]:
+    """The test methods of a PR test that pass on the pristine release on
+    purpose (a boundary both behave the same on), with why:
+    ``PASSES_ON_PRISTINE_TESTS = {"test_name": "<reason>", ...}``, keys a
+    method name or ``Class.method``."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "PASSES_ON_PRISTINE_TESTS"
+            for t in node.targets
+        ):
+            return dict(ast.literal_eval(node.value))
+    return {}
+
+
 def lands_with(path: Path, entries: list[str]) -> str:
     """The series entry (of ``entries``, its group's patches) from which the
     test passes: its ``LANDS_WITH`` patch number, or the group's last patch."""

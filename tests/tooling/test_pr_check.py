@@ -205,26 +205,88 @@ def cold_python():
         yield warm
 
 
-@pytest.mark.parametrize(
-    "exit_code, reason, ok",
-    [
-        (1, None, True),  # fails without the PR: required
-        (0, None, False),  # passes without its patches: proves nothing
-        (0, "flag-off comparison", True),
-        (1, "flag-off comparison", False),  # declared to pass, fails
-    ],
-)
-def test_pristine_run_requires_failure_unless_declared(
-    tmp_path, cold_python, exit_code, reason, ok
-):
+PRISTINE_BODIES = {
+    # every test id fails by its own assertion: required
+    "assertion": "def test_a(self):\n        self.assertEqual(1, 2)\n",
+    # passes without its patches: proves nothing
+    "pass": "def test_a(self):\n        pass\n",
+    # fails, but on a missing module: proves nothing about the PR
+    "import": "def test_a(self):\n        import sglang_no_such_module\n",
+    # one id fails by assertion, another errors
+    "mixed": (
+        "def test_a(self):\n        self.fail('x')\n"
+        "    def test_b(self):\n        raise AttributeError('missing')\n"
+    ),
+    # one id fails by assertion, another passes
+    "one_passes": (
+        "def test_a(self):\n        self.fail('x')\n"
+        "    def test_b(self):\n        pass\n"
+    ),
+    # a subtest fails by assertion
+    "subtest": (
+        "def test_a(self):\n        for i in range(2):\n"
+        "            with self.subTest(i=i):\n                self.assertEqual(i, 0)\n"
+    ),
+    # a class fixture's assertion stops its tests
+    "fixture": (
+        "@classmethod\n    def setUpClass(cls):\n        assert False, 'no server'\n"
+        "    def test_a(self):\n        pass\n"
+    ),
+}
+
+
+def _pristine_row(tmp_path, cold_python, body, reason=None, passing=None, per_id=True):
     test = tmp_path / "test" / "test_x.py"
-    test.parent.mkdir()
+    test.parent.mkdir(exist_ok=True)
     test.write_text(
-        "def register_cpu_ci(**kwargs):\n    pass\n\n\n"
-        'register_cpu_ci(est_time=5, suite="base-a-test-cpu")\n'
-        f"raise SystemExit({exit_code})\n"
+        "import unittest\n\n\ndef register_cpu_ci(**kwargs):\n    pass\n\n\n"
+        'register_cpu_ci(est_time=5, suite="base-a-test-cpu")\n\n\n'
+        f"class T(unittest.TestCase):\n    {body}\n\n"
+        'if __name__ == "__main__":\n    unittest.main()\n'
     )
     env = pr_check.layout_env(tmp_path)
-    row = pr_check.run_pristine(cold_python, tmp_path, test, env, reason)
+    return pr_check.run_pristine(
+        cold_python, tmp_path, test, env, reason, passing_tests=passing, per_id=per_id
+    )
+
+
+@pytest.mark.parametrize(
+    "body, reason, passing, ok",
+    [
+        ("assertion", None, None, True),
+        ("pass", None, None, False),
+        ("import", None, None, False),
+        ("mixed", None, None, False),
+        ("one_passes", None, None, False),
+        ("one_passes", None, {"test_b": "a boundary both keep"}, True),
+        ("one_passes", None, {"T.test_a": "declared, but it fails"}, False),
+        ("subtest", None, None, True),
+        ("fixture", None, None, True),
+        ("pass", "flag-off comparison", None, True),
+        ("assertion", "flag-off comparison", None, False),  # declared to pass
+    ],
+)
+def test_pristine_run_requires_each_id_to_fail_by_assertion(
+    tmp_path, cold_python, body, reason, passing, ok
+):
+    row = _pristine_row(tmp_path, cold_python, PRISTINE_BODIES[body], reason, passing)
     assert row[0] == "test/test_x.py (pristine 0.5.23)"
     assert (row[3] == "pass") is ok, row
+
+
+def test_pristine_run_of_a_file_that_does_not_import(tmp_path, cold_python):
+    test = tmp_path / "test" / "test_x.py"
+    test.parent.mkdir()
+    test.write_text("import sglang_no_such_module\n")
+    env = pr_check.layout_env(tmp_path)
+    row = pr_check.run_pristine(cold_python, tmp_path, test, env, None)
+    assert row[3].startswith("FAIL (not by assertion: <file>: no test ran"), row
+
+
+def test_pristine_run_of_a_group_not_yet_held_per_id(tmp_path, cold_python):
+    # A failing file passes the check; its ids that did not fail by assertion
+    # are listed. A file that passes still fails the check.
+    row = _pristine_row(tmp_path, cold_python, PRISTINE_BODIES["mixed"], per_id=False)
+    assert row[3] == "pass", row
+    row = _pristine_row(tmp_path, cold_python, PRISTINE_BODIES["pass"], per_id=False)
+    assert row[3] == "FAIL (passes without the PR)", row
