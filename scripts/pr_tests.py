@@ -10,7 +10,11 @@ A registered test declares, at module level:
     PR's prefix ending there;
   * ``PASSES_ON_PRISTINE = "<why>"`` (optional): it passes on the pristine
     release too (a flag-off comparison); ``make pr-check`` otherwise requires
-    every PR test to fail there, without its patches.
+    every PR test to fail there, without its patches, each test id by its own
+    assertion;
+  * ``PASSES_ON_PRISTINE_TESTS = {"<test method>": "<why>"}`` (optional): the
+    ids that pass on the pristine release on purpose (a boundary both treat
+    alike); they must pass there.
 Every other test of a group goes into that group's PR and must run upstream:
 it imports sglang, the standard library and third-party packages, and of the
 project's ``tests/harness`` and ``tests/standins`` only modules that declare
@@ -34,7 +38,8 @@ SERIES_WIDE = "series"
 UPSTREAM_CPU_SUITES = ("base-a-test-cpu", "base-b-test-cpu", "base-c-test-cpu")
 _PROJECT_PACKAGES = ("harness", "standins")
 _BOOKKEEPING = re.compile(
-    r"(?m)^(FEATURE_GROUP|PROJECT_ONLY|LANDS_WITH|PASSES_ON_PRISTINE) = .*\n"
+    r"(?ms)^(?:FEATURE_GROUP|PROJECT_ONLY|LANDS_WITH|PASSES_ON_PRISTINE) = [^\n]*\n"
+    r"|^PASSES_ON_PRISTINE_TESTS = \{.*?^\}\n"
 )
 
 

@@ -23,7 +23,6 @@ from harness.scenarios.decode_hicache_scenarios import (
 
 register_cpu_ci(est_time=120, suite="base-a-test-cpu")
 FEATURE_GROUP = "fixes"  # the series group it tests (or "series")
-# The release path: with nothing evicting the host span, 0.5.23 restores it too.
 PASSES_ON_PRISTINE_TESTS = {
     "test_span_released_when_nothing_evicts": "no eviction: upstream restores it as well"
 }

@@ -20,8 +20,6 @@ from harness.scenarios.decode_hicache_scenarios import short_host_span
 
 register_cpu_ci(est_time=60, suite="base-a-test-cpu")
 FEATURE_GROUP = "fixes"  # the series group it tests (or "series")
-# The boundary: a span at the load-back threshold is promised and restored by
-# 0.5.23 as well; only shorter spans differ.
 PASSES_ON_PRISTINE_TESTS = {
     "test_span_at_the_threshold_is_promised_and_restored_exactly": "at the threshold upstream loads it back too"
 }

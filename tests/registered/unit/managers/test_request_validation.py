@@ -19,7 +19,6 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=30, suite="base-a-test-cpu")
 FEATURE_GROUP = "fixes"  # the series group it tests (or "series")
-# Multimodal prompts are accepted by 0.5.23 as they are with the fix.
 PASSES_ON_PRISTINE_TESTS = {
     "test_multimodal_pad_values_are_left_to_the_processor": "the fix leaves multimodal prompts as upstream has them"
 }
