@@ -747,3 +747,173 @@ def plan_digest(
     return dict(
         digest=plan.summary(), entries=len(plan.entries), evict=plan.evict_tokens
     )
+
+
+def never_fitting_request(
+    rank: int,
+    world_size: int,
+    *,
+    seed_flag: bool = False,
+    prompt_tokens: int,
+    reserved: int = 512,
+    rounds: int = 3,
+    tree_core: str = "python",
+) -> dict:
+    """An idle decode worker (1024-token pool, pages of 16, ``reserved`` decode
+    tokens reserved per request, 512 as upstream's default) whose queue head
+    is a ``prompt_tokens`` request, followed by a 64-token one; ``rounds``
+    admission rounds. A request is admitted once its page-aligned prompt plus
+    the reservation fit the free pool, so a head whose need exceeds the whole
+    pool can never be admitted. Records what the client is streamed and
+    whether the KV receiver told prefill (``abort``)."""
+    from types import SimpleNamespace
+
+    from harness.stacks.decode_hicache_stack import random_tokens
+
+    stack = _stack(
+        rank,
+        world_size,
+        seed_flag,
+        size=1024,
+        num_reserved_decode_tokens=reserved,
+        tree_core=tree_core,
+    )
+    streamed = []
+    stack.prealloc.scheduler.output_streamer = SimpleNamespace(
+        stream_output=lambda reqs, *a, **k: streamed.extend(r.rid for r in reqs)
+    )
+    rng = random.Random(5)
+    head = stack.make_request("head", random_tokens(rng, prompt_tokens))
+    small = stack.make_request("small", random_tokens(rng, 64))
+    receiver = head.kv_receiver
+    start = stack.snapshot()
+    stack.prealloc.queue.extend([head, small])
+    admitted, failed = [], []
+    for _ in range(rounds):
+        a, f = stack.admit()
+        admitted.append([d.req.rid for d in a])
+        failed.append([d.req.rid for d in f])
+    reason = head.req.finished_reason
+    return dict(
+        pool=stack.prealloc.max_total_num_tokens,
+        page_size=stack.page_size,
+        admitted=admitted,
+        failed=failed,
+        queued=[d.req.rid for d in stack.prealloc.queue],
+        streamed=streamed,
+        finished_reason=None if reason is None else reason.to_json(),
+        receiver_aborted=receiver.aborted,
+        receiver_cleared=head.kv_receiver is None,
+        head_holds_kv=head.req.kv.req_pool_idx is not None,
+        start=start,
+        after=stack.snapshot(),
+        host_lock_refs=_host_lock_refs(stack),
+        sglang=sglang_identity(),
+    )
+
+
+def restored_prefix_cached_tokens(
+    rank: int,
+    world_size: int,
+    *,
+    device_tokens: int = 128,
+    host_tokens: int = 128,
+    prefill_cached: int = 0,
+    tree_core: str = "python",
+) -> dict:
+    """The cached-token breakdown a client is given for a decode request whose
+    prefix match is ``device_tokens`` on the device, then ``host_tokens``
+    only in host memory (upstream's flags: decode radix cache + HiCache). The
+    request is admitted and restored, its transfer committed by
+    ``_commit_transfer_to_req`` from a real ``MetadataBuffers`` slot that
+    prefill filled (``prefill_cached`` tokens, all device hits there), and it
+    enters the running batch through ``prepare_for_prebuilt`` as
+    ``_get_new_prebuilt_batch`` builds it."""
+    from types import SimpleNamespace
+
+    from sglang.srt.disaggregation.utils import MetadataBuffers
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.managers.scheduler_components.output_streamer import (
+        SchedulerOutputStreamer,
+    )
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from harness.stacks.decode_hicache_stack import random_tokens
+
+    stack = _stack(rank, world_size, False, size=1024, tree_core=tree_core)
+    rng = random.Random(17)
+    gen = torch.Generator().manual_seed(17)
+    prefix = random_tokens(rng, device_tokens + host_tokens)
+    if device_tokens:
+        stack.cache_prefix(prefix[:device_tokens], gen)
+    cached = stack.cache_prefix(prefix, gen)
+    evicted_device = stack.evict_device(host_tokens)
+
+    dr = stack.make_request("r0", prefix + random_tokens(rng, 64))
+    dr.req.bootstrap_room = 4242
+    stack.prealloc.queue.append(dr)
+    stack.admit()
+    pm = dr.prefix_match
+    out = dict(
+        evicted_device=evicted_device,
+        l1=pm.l1_prefix_len,
+        l2=pm.l2_host_hit_length,
+        promised=dr.kv_receiver.metadata["decode_prefix_len"],
+    )
+    out["status"] = _run_restore(stack, dr)
+    if out["status"] != "ready":
+        _finish_or_abort(stack, dr, cached, out)
+        return out
+
+    # Prefill's side of the metadata slot (MetadataBuffers.set_buf).
+    buffers = MetadataBuffers(
+        size=stack.prealloc.req_to_metadata_buffer_idx_allocator.size,
+        hidden_size=8,
+        hidden_states_dtype=torch.float32,
+        max_sampling_mask_tokens=0,
+    )
+    sent = Req(
+        rid="r0",
+        origin_input_text="",
+        origin_input_ids=dr.req.origin_input_ids,
+        sampling_params=SamplingParams(temperature=0, max_new_tokens=8),
+    )
+    sent.metadata_buffer_index = dr.metadata_buffer_index
+    sent.output_ids.append(7)
+    sent.bootstrap_room = dr.req.bootstrap_room
+    sent.cached_tokens = sent.cached_tokens_device = prefill_cached
+    buffers.set_buf(sent)
+    buffers.bootstrap_room[dr.metadata_buffer_index][0] = dr.req.bootstrap_room
+
+    transfer = stack.transfer
+    transfer.metadata_buffers = buffers
+    transfer.spec_algorithm = SpeculativeAlgorithm.NONE
+    transfer.scheduler.kv_checksum_computer = None
+    transfer.scheduler.batch_result_processor = SimpleNamespace(
+        _maybe_update_reasoning_tokens=lambda req, token: None
+    )
+    transfer._commit_transfer_to_req(dr)
+    transfer.queue.remove(dr)
+
+    # The waiting queue -> running batch step of _get_new_prebuilt_batch.
+    req = dr.req
+    req.init_next_round_input(None)
+    batch = ScheduleBatch.init_new(
+        [req],
+        stack.req_to_token_pool,
+        stack.allocator,
+        stack.cache,
+        SimpleNamespace(vocab_size=50000, is_encoder_decoder=False),
+        False,
+        SpeculativeAlgorithm.NONE,
+    )
+    batch.prepare_for_prebuilt()
+    streamer = SimpleNamespace(enable_hicache_storage=lambda: False)
+    out.update(
+        prefix_len=req.prefix_len,
+        cached_tokens=req.cached_tokens,
+        details=SchedulerOutputStreamer.get_cached_tokens_details(streamer, req),
+        sglang=sglang_identity(),
+    )
+    return out

@@ -41,15 +41,24 @@ ranks' device pools for the host tier: three 208-token requests fill a pool),
 then B and A again.  Round-robin sends request i to rank i % 2, so the
 revisits (requests 10 and 11) go to the ranks that do not hold them; the seed
 worker must send each to its holder, which restores it from its host tier
-(``load_back_tokens_total``: 0.5.23's decode reports restored tokens as
-device hits in ``cached_tokens_details``).  The two controls must miss there.
+(``load_back_tokens_total``), and reports those tokens as host hits in
+``cached_tokens_details`` (0.5.23's decode reports them as device hits,
+fixes/0008).  The two controls must miss there.
+
+Then each decode worker gets a prompt that passes its input-length check but
+needs more than its whole pool with the reserved decode tokens: it answers
+HTTP 400 naming the sizes, prefill answers too (it was told), and both serve
+the next request (0.5.23 keeps it queued forever and prefill waits for its
+bootstrap timeout, fixes/0007).
 """
 
 import random
 import re
+import time
 import unittest
 from concurrent.futures import ThreadPoolExecutor
 
+import requests
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.live_server import LiveServer, assert_all_gone, free_port, greedy
@@ -133,6 +142,37 @@ def pd_generate(prefill, decode, bootstrap_port, text):
     return d_resp.json()
 
 
+# Decode admission charges --num-reserved-decode-tokens on top of a request's KV:
+# a prompt of this many tokens passes the decode scheduler's input-length check
+# (pool - 6) but needs more than the whole pool with the reservation
+# (fixes/0007; 0.5.23 keeps it queued forever).
+OVERSIZED_WORDS = DECODE_POOL - 12
+OVERSIZED_TIMEOUT_S = 60.0  # both answers are immediate; 0.5.23 never answers
+
+
+def pd_generate_both(prefill, decode, bootstrap_port, text) -> dict:
+    """Both servers' answers (status, body head, seconds), None on timeout."""
+    body = {
+        "text": text,
+        "sampling_params": greedy(NEW_TOKENS),
+        "bootstrap_host": "127.0.0.1",
+        "bootstrap_port": bootstrap_port,
+        "bootstrap_room": random.randint(0, 2**62),
+    }
+
+    def post(server):
+        start = time.monotonic()
+        try:
+            r = server.post_raw("/generate", body, timeout=OVERSIZED_TIMEOUT_S)
+        except requests.Timeout:
+            return None
+        return (r.status_code, r.text[:600], time.monotonic() - start)
+
+    with ThreadPoolExecutor(2) as pool:
+        p, d = pool.submit(post, prefill), pool.submit(post, decode)
+        return dict(prefill=p.result(), decode=d.result())
+
+
 def loaded_back_tokens(server) -> float:
     """Tokens the decode worker restored from its host tier (all ranks)."""
     text = server.get("/metrics").text
@@ -202,10 +242,18 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
             with ThreadPoolExecutor(len(DECODES)) as pool:
                 for f in [pool.submit(start, n) for n in DECODES]:
                     f.result()
+            rng = random.Random(5)
+            oversized = " ".join(rng.choice(WORDS) for _ in range(OVERSIZED_WORDS))
             for name, decode in decodes.items():
+                runs = run_workload(prefill, decode, bootstrap_port)
                 cls.results[name] = dict(
                     info=decode.get("/server_info").json(),
-                    runs=run_workload(prefill, decode, bootstrap_port),
+                    runs=runs,
+                    oversized=pd_generate_both(
+                        prefill, decode, bootstrap_port, oversized
+                    ),
+                    # both servers still serve: a new prompt, answered in full
+                    after=pd_generate(prefill, decode, bootstrap_port, "a new prompt"),
                     log=decode.log_text(),
                 )
         except Exception as exc:
@@ -274,6 +322,11 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
             # the whole prompt but its last token, restored from the host tier
             self.assertGreaterEqual(again["cached"], again["prompt"] - 1, key)
             self.assertGreaterEqual(again["loaded_back"], again["prompt"] - 1, key)
+            # ... and reported as host hits (fixes/0008; 0.5.23 reports them
+            # as device hits): the tokens loaded back, the rest device hits
+            details = again["details"]
+            self.assertEqual(details["host"], again["loaded_back"], key)
+            self.assertEqual(details["device"] + details["host"], again["cached"], key)
             self.assertEqual(again["output_ids"], runs[key]["output_ids"], key)
 
     def test_controls_miss_the_revisits_where_round_robin_routes_them(self):
@@ -294,6 +347,24 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
                 self.assertNotEqual(again["rank"], runs[key]["rank"], (name, key))
                 self.assertEqual(again["cached"], 0, (name, key))
                 self.assertEqual(again["loaded_back"], 0, (name, key))
+
+    def test_a_request_no_decode_pool_can_admit_is_refused_and_prefill_freed(self):
+        for name in DECODES:
+            both = self.results[name]["oversized"]
+            print(name, "oversized:", both)
+            # 0.5.23 answers neither: the decode worker keeps the request
+            # queued and prefill waits for its bootstrap timeout (300 s).
+            self.assertIsNotNone(both["decode"], name)
+            status, text, _ = both["decode"]
+            self.assertEqual(status, 400, (name, text))
+            self.assertIn("can never be admitted by this decode worker", text)
+            self.assertIn(f"decode KV pool's {DECODE_POOL}", text)
+            # prefill was told through the KV receiver's abort and let it go
+            self.assertIsNotNone(both["prefill"], name)
+            self.assertNotEqual(both["prefill"][0], 200, (name, both["prefill"]))
+            after = self.results[name]["after"]
+            self.assertNotIn("error", after, name)
+            self.assertGreater(len(after["output_ids"]), 0, name)
 
 
 if __name__ == "__main__":
