@@ -20,6 +20,8 @@ import stat
 import tempfile
 import time
 import unittest
+import uuid
+from types import SimpleNamespace
 
 import msgspec
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -252,8 +254,6 @@ class TestPrivateDirectory(unittest.TestCase):
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def test_both_endpoints_in_one_private_directory_per_instance(self):
-        from types import SimpleNamespace
-
         from sglang.srt.managers.dp_routing.channel import (
             prefill_landing_endpoint,
             prefix_digest_endpoint,
@@ -324,7 +324,7 @@ class TestPrivateDirectory(unittest.TestCase):
             restore_context,
             snapshot_context,
         )
-        from sglang.srt.server_args import PortArgs, ServerArgs
+        from sglang.srt.server_args import ServerArgs
 
         saved = snapshot_context()
         try:
@@ -334,7 +334,8 @@ class TestPrivateDirectory(unittest.TestCase):
                     model_path="dummy", dp_size=2, load_balance_method=method
                 )
                 handle_load_balance_method(server_args)
-                port_args = PortArgs.init_new(server_args)
+                # What the launcher's PortArgs carries of the server instance.
+                port_args = SimpleNamespace(instance_id=uuid.uuid4().hex[:12])
                 publish(server_args, role="tokenizer")
                 path = create_for_launch(port_args)
                 made[method] = (path, os.path.isdir(routing_ipc_dir(port_args)))
