@@ -700,9 +700,10 @@ def pending_cases(rank, world_size, ttl=1.0):
         handle.close()
 
 
-def send_landing(handle, rank, landings):
+def send_landing(handle, rank, landings, timeout=30.0):
     """A rank's ``PrefillLanded`` on the real landing channel: ``landings``
-    is ``[(rid, upto), ...]``."""
+    is ``[(rid, upto), ...]``; returns once the router has taken it (as the
+    next dispatch would first)."""
     import zmq
     from sglang.srt.managers.dp_routing.channel import prefill_landing_endpoint
     from sglang.srt.managers.dp_routing.landing import PrefillLanded
@@ -715,7 +716,10 @@ def send_landing(handle, rank, landings):
     )
     socket.send(message.encode())
     socket.close()
-    time.sleep(0.05)  # delivered before the next dispatch drains it
+    router = handle.controller.cache_aware_router
+    if not router.landing_receiver.socket.poll(int(timeout * 1000)):
+        raise TimeoutError(f"landing of rank {rank} not delivered in {timeout} s")
+    router.drain_landings()
 
 
 def landing_cases(rank, world_size, ttl=30.0):

@@ -12,16 +12,29 @@ Prometheus series are on the server's ``/metrics``.  A stalled rank (its
 scheduler stopped with SIGSTOP while the other rank is busy) is routed around
 once the router can tell (``--dp-routing-digest-max-age``), with one warning,
 and routed to again after SIGCONT.
+
+The routing sockets: both in one private directory of the server (mode
+0700); malformed digests and landings pushed into them are dropped with one
+warning per reason and the server goes on serving and routing; nothing of
+the directory is left after a clean stop, nor after the DP controller is
+killed (the whole server then exits and frees its port); round_robin makes
+no such directory.
 """
 
+import glob
 import os
 import re
 import signal
+import socket
+import stat
+import tempfile
 import threading
 import time
 import unittest
 
+import msgspec
 import psutil
+import zmq
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.live_server import HICACHE_ARGS, LiveServer, assert_all_gone, greedy
@@ -53,12 +66,54 @@ def outcomes(server) -> dict:
     }
 
 
+def digest_age(server, rank: int) -> float:
+    ages = scrape(server.get("/metrics").text, "sglang:dp_routing_digest_age_seconds")
+    return {int(dict(k)["dp_rank"]): v for k, v in ages.items()}[rank]
+
+
+def wait_for_digest_since(server, rank: int, since: float, timeout=120.0) -> int:
+    """Waits until the controller holds a digest of ``rank`` published after
+    ``since`` (this process's monotonic clock, the host's): one that shows
+    what the rank's tree held then. The controller drains digests when it
+    dispatches a request, so tiny requests sent straight to ``rank``
+    (``routed_dp_rank``: the router does not count them) make it drain; the
+    age of the digest it then holds (``dp_routing_digest_age_seconds``, at
+    that drain) dates its arrival. A digest that arrived after a drain that
+    came after ``since`` was published after ``since``: after the first
+    probe's answer (whose drain came after ``since``), a probe sent at ``s``
+    seeing age ``g`` with ``s - g`` later than that answer proves it.
+    Requests are dispatched > 20 ms apart here (the controller's refresh
+    interval), so each probe drains. Returns the probes sent."""
+    deadline = time.monotonic() + timeout
+    first_answer = None
+    probes = 0
+    while time.monotonic() < deadline:
+        sent = time.monotonic()
+        server.generate(
+            {
+                "input_ids": conversations(1, seed=4000 + probes, first=8)[0],
+                "routed_dp_rank": rank,
+                "sampling_params": greedy(1),
+            }
+        )
+        probes += 1
+        if first_answer is not None and sent - digest_age(server, rank) > first_answer:
+            return probes
+        if first_answer is None:
+            first_answer = time.monotonic()
+    raise AssertionError(
+        f"no digest of DP rank {rank} newer than {since} in {timeout} s"
+    )
+
+
 def namespace_probe(server) -> dict:
     """One prompt under extra_key tenant-a, then tenant-b, then tenant-a
     again; returns each request's routing outcome (from the /metrics delta),
-    rank and cached tokens."""
+    rank and cached tokens, and the probes it took to see the first prompt's
+    rank report it."""
     prompt = conversations(1, seed=99, first=300)[0]
     out = {}
+    probes = 0
     for step, key in enumerate(("tenant-a", "tenant-b", "tenant-a")):
         before = outcomes(server)
         r = server.generate(
@@ -68,10 +123,11 @@ def namespace_probe(server) -> dict:
         how = [k for k in after if after[k] != before.get(k, 0)]
         meta = r["meta_info"]
         out[f"{step}:{key}"] = (how, meta["dp_rank"], meta["cached_tokens"])
-        # The chosen rank's digest shows the prompt: nothing outside the
-        # server observes a digest, so wait 10 publish intervals (0.1 s each).
-        time.sleep(1.0)
-    return out
+        if step == 0:
+            # The last request matches the first only once the controller
+            # has a digest of its rank that shows it.
+            probes = wait_for_digest_since(server, meta["dp_rank"], time.monotonic())
+    return out, probes
 
 
 def sticky_hit_rate(records) -> float:
@@ -190,30 +246,216 @@ def stall_probe(server) -> dict:
     return out
 
 
+# ---- the routing sockets ---------------------------------------------------
+
+CONTROLLER_TITLE = "sglang::data_parallel_controller"
+ROUTING_DIR_PREFIX = "sglang_dp_routing_"
+# The server's digest chunk size: 256 tokens (the default) at page size 1.
+CHUNK = 256
+
+
+def controller_pid(server) -> int:
+    for proc in psutil.Process(server.proc.pid).children(recursive=True):
+        try:
+            if any(CONTROLLER_TITLE == part for part in proc.cmdline()):
+                return proc.pid
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no {CONTROLLER_TITLE} process under {server.proc.pid}")
+
+
+def routing_sockets(server) -> list:
+    """The Unix socket paths the DP controller has bound in a routing
+    directory."""
+    conns = psutil.Process(controller_pid(server)).net_connections(kind="unix")
+    return sorted({c.laddr for c in conns if ROUTING_DIR_PREFIX in (c.laddr or "")})
+
+
+def leftovers(paths: list) -> list:
+    """What is left of the server's routing sockets: their directory, and
+    any file in the temporary directory named after the server instance."""
+    if not paths:
+        return []
+    directory = os.path.dirname(paths[0])
+    instance = os.path.basename(directory)[len(ROUTING_DIR_PREFIX) :]
+    left = glob.glob(os.path.join(tempfile.gettempdir(), f"*{instance}*"))
+    return sorted(set(left + [p for p in paths + [directory] if os.path.lexists(p)]))
+
+
+def digest(**fields) -> bytes:
+    """A CacheDigest as msgpack (its wire form: an array of its fields)."""
+    d = dict(
+        dp_rank=0,
+        epoch=12345,
+        seq=1,
+        page_size=1,
+        chunk_size=CHUNK,
+        timestamp=time.time(),
+        available_tokens=1000,
+        capacity_tokens=0,
+        gpu_hashes=b"",
+        host_hashes=b"",
+        is_bigram=False,
+        version=2,
+    )
+    d.update(fields)
+    return msgspec.msgpack.encode(list(d.values()))
+
+
+def landing(rank, rids, upto) -> bytes:
+    return msgspec.msgpack.encode([rank, rids, upto])
+
+
+# (message, reason it is dropped for, payload) per socket; the first digest
+# (key bytes that are not whole 8-byte keys) used to stop the server.
+MALFORMED = {
+    "digest": [
+        ("CacheDigest", "gpu_hashes", digest(gpu_hashes=b"\x00" * 13)),
+        ("CacheDigest", "dp_rank", digest(dp_rank=7)),
+        ("CacheDigest", "chunk_size", digest(chunk_size=0)),
+        ("CacheDigest", "chunk_size", digest(chunk_size=CHUNK // 2)),
+        ("CacheDigest", "page_size", digest(page_size=-1)),
+        ("CacheDigest", "available_tokens", digest(available_tokens=-5)),
+        ("CacheDigest", "shape", msgspec.msgpack.encode({"dp_rank": 0})),
+        ("CacheDigest", "msgpack", b"\xc1\x00\xff"),
+        ("CacheDigest", "msgpack", b""),
+    ],
+    "landing": [
+        ("PrefillLanded", "dp_rank", landing(7, ["x"], [10])),
+        ("PrefillLanded", "upto", landing(0, ["x", "y"], [10])),
+        ("PrefillLanded", "upto", landing(1, ["x"], [0])),
+        ("PrefillLanded", "msgpack", b"\xc1"),
+    ],
+}
+REPEATS = 20  # more of the first digest: still one warning
+
+
+def warning_text(message, reason) -> str:
+    return f"malformed {message} message(s) ({reason}: "
+
+
+def malformed_probe(server) -> dict:
+    """Pushes the MALFORMED messages into the controller's routing sockets,
+    then serves conversations (whose dispatches drain them); returns the
+    directory's mode, owner and entries, the warnings per reason, whether
+    the same controller still runs, and the conversations' records and
+    routing outcomes."""
+    pid = controller_pid(server)
+    paths = routing_sockets(server)
+    directory = os.path.dirname(paths[0])
+    info = os.stat(directory)
+    out = {
+        "paths": paths,
+        "mode": stat.S_IMODE(info.st_mode),
+        "uid": info.st_uid,
+        "entries": sorted(os.listdir(directory)),
+    }
+    logged_before = len(server.log_text())
+    before = outcomes(server)
+    ctx = zmq.Context()
+    try:
+        for name, cases in MALFORMED.items():
+            push = ctx.socket(zmq.PUSH)
+            push.setsockopt(zmq.LINGER, 10_000)
+            push.connect(f"ipc://{directory}/{name}.sock")
+            for _, _, payload in cases:
+                push.send(payload)
+            if name == "digest":
+                for _ in range(REPEATS):
+                    push.send(cases[0][2])
+            push.close()
+    finally:
+        ctx.term()  # returns once every message is delivered (LINGER)
+    out["records"] = run_conversations(server, n=2, turns=3, seed=21, clients=2)
+    after = outcomes(server)
+    out["outcomes"] = {k: v - before.get(k, 0) for k, v in after.items()}
+    expected = {(m, r) for cases in MALFORMED.values() for m, r, _ in cases}
+    for message, reason in sorted(expected):
+        wait_for_log(server, warning_text(message, reason), 120.0)
+    text = server.log_text()[logged_before:]
+    out["warnings"] = {
+        (m, r): text.count(warning_text(m, r)) for m, r in sorted(expected)
+    }
+    out["all_warnings"] = text.count("malformed ")
+    out["controller_unchanged"] = controller_pid(server) == pid
+    return out
+
+
+def port_free(port: int) -> bool:
+    """Whether a new server could listen on ``port`` (as uvicorn binds)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def kill_controller(server) -> dict:
+    """SIGKILLs the DP controller: the launcher's watchdog takes the whole
+    server down. Returns how long that took, its exit code, the processes
+    of its tree still running and whether its port is free."""
+    tree = [server.proc.pid] + [
+        p.pid for p in psutil.Process(server.proc.pid).children(recursive=True)
+    ]
+    start = time.monotonic()
+    os.kill(controller_pid(server), signal.SIGKILL)
+    code = server.proc.wait(timeout=180)
+
+    def running(pid):
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + 30
+    while any(running(p) for p in tree) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return {
+        "exit_s": time.monotonic() - start,
+        "returncode": code,
+        "running": [p for p in tree if running(p)],
+        "port_free": port_free(server.port),
+    }
+
+
 class TestCacheAwareRoutingServer(unittest.TestCase):
     runs: dict = {}
     metrics: dict = {}
     namespaces: dict = {}
     stall: dict = {}
+    malformed: dict = {}
+    sockets: dict = {}
+    left: dict = {}
+    killed: dict = {}
 
     @classmethod
-    def _serve(cls, name, extra, sequential=None, **work):
+    def _serve(cls, name, extra, sequential=None, kill=False, **work):
+        """Serves ``work``; at the end the server is stopped, or with
+        ``kill`` its DP controller is killed."""
         server = LiveServer("patched", DP + extra, name=name)
+        cls.sockets[name] = []
         try:
+            cls.sockets[name] = routing_sockets(server)
             cls.runs[name] = run_conversations(server, **work)
             if sequential:  # one client, on prefixes of their own (other seed)
                 cls.runs[name + "_sequential"] = run_conversations(
                     server, clients=1, **sequential
                 )
             if "--enable-metrics" in extra:
-                cls.namespaces = namespace_probe(server)
+                cls.namespaces, cls.digest_probes = namespace_probe(server)
                 cls.metrics[name] = server.get("/metrics").text
                 cls.stall = stall_probe(server)
+                cls.malformed = malformed_probe(server)
+            if kill:
+                cls.killed = kill_controller(server)
         except Exception as exc:
             raise RuntimeError(f"{name}: {exc}\n{server.log_tail()}") from exc
         finally:
             pids = server.stop()
         assert_all_gone(pids)
+        cls.left[name] = leftovers(cls.sockets[name])
 
     @classmethod
     def setUpClass(cls):
@@ -232,6 +474,7 @@ class TestCacheAwareRoutingServer(unittest.TestCase):
             n=8,
             turns=5,
             seed=9,
+            kill=True,
         )
 
     def test_conversations_stick_and_hit(self):
@@ -349,6 +592,52 @@ class TestCacheAwareRoutingServer(unittest.TestCase):
             self.assertEqual(len({r["rank"] for r in conv}), 1, (c, conv))
             for prev, cur in zip(conv, conv[1:]):
                 self.assertGreaterEqual(cur["cached"], prev["prompt"], (c, conv))
+
+    def test_routing_sockets_are_private_and_removed_on_stop(self):
+        # Both sockets of the router in one directory of the server's user,
+        # mode 0700, nothing else in it; gone with the server.
+        paths = self.sockets["cache_aware"]
+        self.assertEqual(len(paths), 2, paths)
+        directory = os.path.dirname(paths[0])
+        self.assertTrue(
+            os.path.basename(directory).startswith(ROUTING_DIR_PREFIX), paths
+        )
+        self.assertEqual(
+            [os.path.join(directory, f) for f in ("digest.sock", "landing.sock")],
+            paths,
+        )
+        m = self.malformed
+        self.assertEqual(m["paths"], paths)
+        self.assertEqual(oct(m["mode"]), oct(0o700), m)
+        self.assertEqual(m["uid"], os.geteuid(), m)
+        self.assertEqual(m["entries"], ["digest.sock", "landing.sock"], m)
+        self.assertEqual(self.left["cache_aware"], [])
+        # --load-balance-method round_robin makes none.
+        self.assertEqual(self.sockets["round_robin"], [])
+
+    def test_malformed_messages_are_dropped_and_the_server_routes_on(self):
+        m = self.malformed
+        print(f"malformed: warnings {m['warnings']}, outcomes {m['outcomes']}")
+        # One warning per reason, however many messages had it.
+        self.assertEqual(set(m["warnings"].values()), {1}, m["warnings"])
+        self.assertEqual(m["all_warnings"], len(m["warnings"]), m["warnings"])
+        self.assertTrue(m["controller_unchanged"])
+        # The conversations after them stick and hit, later turns routed by
+        # their match.
+        for c, conv in enumerate(m["records"]):
+            self.assertEqual(len({r["rank"] for r in conv}), 1, (c, conv))
+            for prev, cur in zip(conv, conv[1:]):
+                self.assertGreaterEqual(cur["cached"], prev["prompt"], (c, conv))
+        self.assertEqual(sum(m["outcomes"].values()), 6, m["outcomes"])
+        self.assertGreaterEqual(m["outcomes"].get("match", 0), 4, m["outcomes"])
+
+    def test_killed_controller_stops_the_server_and_leaves_nothing(self):
+        k = self.killed
+        print(f"controller killed: {k}")
+        self.assertEqual(len(self.sockets["small_pool"]), 2)
+        self.assertEqual(k["running"], [], k)
+        self.assertTrue(k["port_free"], k)
+        self.assertEqual(self.left["small_pool"], [])
 
 
 if __name__ == "__main__":

@@ -55,16 +55,37 @@ class TestPrefillLanding(unittest.TestCase):
             context=self.ctx,
             landing_endpoint=f"ipc://{path}_landing.sock",
         )
-        time.sleep(0.05)  # connected
+        self.markers = 0
+        self.assertEqual(self.received(), [], "connected")
 
     def tearDown(self):
         self.publisher.close()
         self.receiver.close()
         self.ctx.term()
 
-    def received(self):
-        time.sleep(0.05)
-        return [(m.dp_rank, m.rids, m.upto) for m in self.receiver.drain()]
+    def received(self, timeout=30.0):
+        """The landings reported so far: a marker sent after them on the same
+        socket arrives after them (one connection keeps the order), so
+        everything before it is what was sent. The sender queues nothing
+        until it is connected (IMMEDIATE), so the marker is sent again until
+        a send takes."""
+        from sglang.srt.managers.dp_routing.landing import PrefillLanded
+
+        self.markers += 1
+        marker = PrefillLanded(dp_rank=3, rids=[f"marker-{self.markers}"], upto=[1])
+        sender = self.publisher.landing_sender
+        sent = False
+        got = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            sent = sent or sender.send(marker)
+            if not self.receiver.socket.poll(50):
+                continue
+            for m in self.receiver.drain():
+                if m.rids == marker.rids:
+                    return got
+                got.append((m.dp_rank, m.rids, m.upto))
+        raise AssertionError(f"marker not received within {timeout} s: {got}")
 
     def test_without_overlap_an_extend_batch_lands_when_formed(self):
         # A prefill (200 of 200), a chunk of a chunked prefill (prefix 0, 128
