@@ -84,6 +84,32 @@ class TestRequestShape(unittest.TestCase):
         )
         self.assertEqual([t.rid for t in tokenized], ["a", "b"])
 
+    def test_input_ids_nesting(self):
+        # Text and input_ids together: upstream tokenizes nothing and takes
+        # the ids, so their nesting must match the prompts the text counts.
+        for ids in ([[]], [PROMPT]):
+            with self.subTest(ids=ids):
+                self.refused(
+                    {"text": "page", "input_ids": ids, "sampling_params": GREEDY},
+                    "input_ids",
+                    "single prompt",
+                )
+        self.refused(
+            {"text": ["a", "b"], "input_ids": PROMPT, "sampling_params": GREEDY},
+            "input_ids",
+            "batch of 2",
+        )
+        self.refused(
+            {"text": "a", "input_ids": PROMPT, "sampling_params": {**GREEDY, "n": 2}},
+            "text or input_ids",
+        )
+        self.served({"text": "a", "input_ids": PROMPT, "sampling_params": GREEDY}, 1)
+        self.served(
+            {"text": ["a", "b"], "input_ids": [PROMPT] * 2, "sampling_params": GREEDY},
+            2,
+        )
+        self.served({"input_ids": PROMPT, "sampling_params": {**GREEDY, "n": 2}}, 1)
+
     def test_stop_regex_must_compile(self):
         for pattern in ("(", "[a", "a{2,1}", "(?<=a+)b", "*"):
             with self.subTest(pattern=pattern):

@@ -125,10 +125,15 @@ def some_of(draw, fields, most):
 def requests(draw):
     batch = draw(st.sampled_from([None, 1, 2]))  # None: a single prompt
     body = {}
-    if draw(st.booleans()):
+    prompt = draw(st.sampled_from(["input_ids", "text", "both"]))
+    if prompt != "text":
         body["input_ids"] = PROMPT if batch is None else [PROMPT] * batch
-    else:
+    if prompt != "input_ids":
         body["text"] = "page layer" if batch is None else ["page layer"] * batch
+    if prompt == "both":  # input_ids of any nesting beside the text
+        body["input_ids"] = draw(
+            st.sampled_from([PROMPT, [PROMPT], [[]], [PROMPT] * 2, [PROMPT] * 3])
+        )
     params = {"max_new_tokens": 4, **some_of(draw, SAMPLING_FIELDS, 3)}
     if draw(st.sampled_from(["dict", "dict", "dict", "list"])) == "list":
         body["sampling_params"] = [params] * draw(st.integers(0, 3))
@@ -193,6 +198,7 @@ class TestSamplingFieldRangesProperty(AdmissionCase):
     @example(body=one(stop_regex="("))
     @example(body={**one(), "rid": ["a", "b"]})
     @example(body={"input_ids": PROMPT, "sampling_params": [{}, {}]})
+    @example(body={"text": "page", "input_ids": [[]], "sampling_params": {}})
     def test_refused_naming_a_field_or_the_scheduler_builds_it(self, body):
         try:
             tokenized = self.adm.admit(body)
