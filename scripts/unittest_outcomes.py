@@ -27,10 +27,17 @@ _fixtures = {}  # class or module fixture errors, by the class they stop
 _RANK = {"pass": 0, "skip": 0, "assertion": 1}
 
 
+def _assertion(exc):
+    # a group (hypothesis: several distinct failing examples) of assertions too
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_assertion(e) for e in exc.exceptions)
+    return isinstance(exc, AssertionError)
+
+
 def _kind(test, err):
     if err is None:
         return "pass"
-    if issubclass(err[0], AssertionError):
+    if _assertion(err[1]):
         return "assertion"
     return f"error: {err[0].__name__}: {str(err[1]).splitlines()[0][:200] if str(err[1]) else ''}"
 

@@ -2,22 +2,26 @@
 
 ``named_cases(vocab)`` are hand-made malformed requests (out-of-vocabulary and
 negative token ids in every field that carries one, empty prompts, logprob
-arguments past their range, invalid grammars, wrong types) on ``/generate``
-and the OpenAI-compatible routes; ``random_cases(seed, n, vocab)`` mutates one
-or two fields of a valid request with values drawn from typed edge pools
-(wrong types, empty and huge values, boundaries around the vocabulary).
+arguments past their range, invalid grammars and stop regexes, sampling
+fields past the scheduler's tensor widths, list shapes that do not fit the
+prompts, wrong types) on ``/generate`` and the OpenAI-compatible routes;
+``random_cases(seed, n, vocab)`` mutates one or two fields of a valid request
+with values drawn from typed edge pools (wrong types, empty and huge values,
+boundaries around the vocabulary).
 Values that are valid but cost real work (a large ``n``, thousands of new
 tokens) are not drawn: they are load, not malformed input.
 
 ``run_cases`` sends each case, then a good request that must be served, and
-records what happened; it stops at the first case after which the server no
-longer answers (``alive`` False), so a caller can restart and go on.
+records what happened (with the case's answer time, ``s``); it stops at the
+first case after which the server no longer answers (``alive`` False), so a
+caller can restart and go on.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import time
 
 import requests
 
@@ -110,6 +114,59 @@ def named_cases(vocab: int) -> dict[str, tuple[str, dict]]:
         },
         "sampling_params_list": {"text": "page", "sampling_params": []},
         "lora_unknown": {"text": "page", "lora_path": "nope", "sampling_params": g},
+        # Past the scheduler's tensor widths, and request shapes that used to
+        # be answered 500 (fixes/0007, fixes/0008).
+        "top_k_past_int32": {
+            "text": "page",
+            "sampling_params": {"max_new_tokens": 2, "top_k": 10**10},
+        },
+        "min_new_tokens_past_context": {
+            "text": "page",
+            "sampling_params": {"max_new_tokens": None, "min_new_tokens": 2**40},
+        },
+        # JSON has no NaN or inf: past float32 is what reaches the row.
+        "logit_bias_past_float32": {
+            "text": "page",
+            "sampling_params": {"max_new_tokens": 2, "logit_bias": {"5": 1e39}},
+        },
+        "logit_bias_key_not_an_id": {
+            "text": "page",
+            "sampling_params": {**g, "logit_bias": {"x": 1.0}},
+        },
+        "n_zero": {"text": ["page", "layer"], "sampling_params": {**g, "n": 0}},
+        "n_null": {"text": "page", "sampling_params": {**g, "n": None}},
+        "top_logprobs_num_negative": {
+            "text": ["page", "layer"],
+            "sampling_params": g,
+            "return_logprob": True,
+            "top_logprobs_num": [-3, 2],
+        },
+        "stop_regex_invalid": {
+            "text": "page",
+            "sampling_params": {**g, "stop_regex": "("},
+        },
+        "stop_regex_uncompilable": {
+            "text": "page",
+            "sampling_params": {**g, "stop_regex": "(?<=a+)b"},
+        },
+        "text_with_nested_input_ids": {
+            "text": "page",
+            "input_ids": [[]],
+            "sampling_params": g,
+        },
+        "rid_list_single_prompt": {
+            "text": "page",
+            "rid": ["a", "b"],
+            "sampling_params": g,
+        },
+        "sampling_params_list_single_prompt": {
+            "text": "page",
+            "sampling_params": [g, g],
+        },
+        "sampling_params_list_short": {
+            "text": ["page", "layer", "cache"],
+            "sampling_params": [g, g],
+        },
     }
     oai = {
         "completions_prompt_id_past_vocab": {"prompt": [vocab + 9]},
@@ -126,6 +183,13 @@ def named_cases(vocab: int) -> dict[str, tuple[str, dict]]:
             "stop_token_ids": [vocab + 5],
             "min_tokens": 1,
         },
+        "completions_top_k_past_int32": {"prompt": "page", "top_k": 10**10},
+        "completions_stop_regex_invalid": {"prompt": "page", "stop_regex": "("},
+        "completions_logit_bias_past_float32": {
+            "prompt": "page",
+            "logit_bias": {"5": -1e39},
+        },
+        "completions_n_zero": {"prompt": "page", "n": 0},
     }
     chat = {
         "chat_messages_empty": {"messages": []},
@@ -143,6 +207,8 @@ def named_cases(vocab: int) -> dict[str, tuple[str, dict]]:
             "stop_token_ids": [vocab + 5],
             "min_tokens": 1,
         },
+        "chat_top_k_past_int32": {"messages": CHAT, "top_k": 10**10},
+        "chat_stop_regex_invalid": {"messages": CHAT, "stop_regex": "["},
         "chat_schema_invalid": {
             "messages": CHAT,
             "response_format": {
@@ -265,23 +331,27 @@ def _post(base_url, path, body, timeout):
 
 def run_cases(base_url: str, cases: dict, timeout: float = 60.0) -> list[dict]:
     """``GOOD`` (the server serves, and its prompt is cached), then each case
-    followed by ``GOOD``; ``[{name, status, body, alive}]`` up to and including
+    followed by ``GOOD``; ``[{name, status, body, alive, s}]`` up to and including
     the first case after which the server did not serve ``GOOD``."""
     first = _post(base_url, "/generate", GOOD, timeout)
     assert first.status_code == 200, first.text[:500]
     out = []
     for name, (path, body) in cases.items():
+        start = time.monotonic()
         try:
             resp = _post(base_url, path, body, timeout)
             status, text = resp.status_code, resp.text
         except requests.RequestException as exc:
             status, text = None, f"{type(exc).__name__}: {exc}"
+        elapsed = time.monotonic() - start
         try:
             good = _post(base_url, "/generate", GOOD, timeout)
             alive = good.status_code == 200 and len(good.json()["output_ids"]) > 0
         except requests.RequestException:
             alive = False
-        out.append(dict(name=name, status=status, body=text[:2000], alive=alive))
+        out.append(
+            dict(name=name, status=status, body=text[:2000], alive=alive, s=elapsed)
+        )
         if not alive:
             break
     return out

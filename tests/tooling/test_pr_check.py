@@ -227,6 +227,15 @@ PRISTINE_BODIES = {
         "def test_a(self):\n        for i in range(2):\n"
         "            with self.subTest(i=i):\n                self.assertEqual(i, 0)\n"
     ),
+    # several failing examples (hypothesis): a group of assertions counts
+    "group": (
+        "def test_a(self):\n"
+        "        raise ExceptionGroup('two', [AssertionError('a'), AssertionError('b')])\n"
+    ),
+    "group_with_error": (
+        "def test_a(self):\n"
+        "        raise ExceptionGroup('two', [AssertionError('a'), TypeError('b')])\n"
+    ),
     # a class fixture's assertion stops its tests
     "fixture": (
         "@classmethod\n    def setUpClass(cls):\n        assert False, 'no server'\n"
@@ -261,6 +270,8 @@ def _pristine_row(tmp_path, cold_python, body, reason=None, passing=None, per_id
         ("one_passes", None, {"test_b": "a boundary both keep"}, True),
         ("one_passes", None, {"T.test_a": "declared, but it fails"}, False),
         ("subtest", None, None, True),
+        ("group", None, None, True),
+        ("group_with_error", None, None, False),
         ("fixture", None, None, True),
         ("pass", "flag-off comparison", None, True),
         ("assertion", "flag-off comparison", None, False),  # declared to pass
