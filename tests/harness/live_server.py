@@ -99,6 +99,9 @@ class LiveServer:
             raise RuntimeError(
                 f"{tree} server failed to start: {exc}\n{self.log_tail()}"
             ) from exc
+        except BaseException:  # Ctrl-C while it starts: leave nothing behind
+            self.stop()
+            raise
 
     def _wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
