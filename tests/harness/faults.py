@@ -2,8 +2,10 @@
 streamed requests are in flight, and what every client then saw.
 
 ``Streams(base_url, n)`` opens ``n`` streamed ``/generate`` requests (greedy,
-``ignore_eos``, long enough to still run when the fault comes) from threads
-and waits until each has received its first event. Each stream's outcome is
+``ignore_eos``, long enough to still run when the fault comes) from threads;
+``wait_started`` returns once each (``every=False``: one) of them has streamed
+its first event and none has ended (with one, all are sent by then; some may
+wait in the server's queue: in flight all the same). Each stream's outcome is
 ``done`` (200, every token, ``[DONE]``), ``error`` (an error event, an error
 status, or the connection cut: the client knows it failed) or ``running``
 (no end yet: a hang, if it stays so). ``kill_role(pid_of_role, ...)`` SIGKILLs
@@ -29,6 +31,7 @@ class Streams:
     def __init__(self, base_url: str, n: int, max_new_tokens: int, prefix="fault"):
         self.max_new_tokens = max_new_tokens
         self.outcomes: list[dict] = [{"state": "running"} for _ in range(n)]
+        self._any = threading.Event()
         self._first = [threading.Event() for _ in range(n)]
         self._threads = [
             threading.Thread(
@@ -63,6 +66,7 @@ class Streams:
                 for line in r.iter_lines():
                     if not line.startswith(b"data: "):
                         continue
+                    self._any.set()
                     self._first[i].set()
                     if line == b"data: [DONE]":
                         done = True
@@ -82,13 +86,18 @@ class Streams:
         else:
             out["state"] = "error"
             out["error"] = error or f"ended after {tokens} tokens without [DONE]"
-        self._first[i].set()
+        self._any.set()
 
-    def wait_started(self, timeout: float = FIRST_EVENT_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout
-        for i, ev in enumerate(self._first):
-            if not ev.wait(max(0.0, deadline - time.monotonic())):
-                raise AssertionError(f"stream {i} got no event in {timeout:.0f} s")
+    def wait_started(
+        self, every: bool = True, timeout: float = FIRST_EVENT_TIMEOUT_S
+    ) -> None:
+        if every:
+            deadline = time.monotonic() + timeout
+            for i, ev in enumerate(self._first):
+                if not ev.wait(max(0.0, deadline - time.monotonic())):
+                    raise AssertionError(f"stream {i} got no event in {timeout:.0f} s")
+        elif not self._any.wait(timeout):
+            raise AssertionError(f"no stream got an event in {timeout:.0f} s")
         ended = [o for o in self.outcomes if o["state"] != "running"]
         if ended:
             raise AssertionError(f"streams ended before the fault: {ended}")
