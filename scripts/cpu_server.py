@@ -225,7 +225,8 @@ def main(argv: list[str]) -> int:
         return 0
     # The server exited on its own: make sure nothing it started lingers.
     stop_tree(proc, grace=2.0)
-    return proc.returncode or 0
+    rc = proc.returncode or 0
+    return 128 - rc if rc < 0 else rc  # killed by a signal: as a shell says it
 
 
 if __name__ == "__main__":

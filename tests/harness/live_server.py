@@ -99,6 +99,9 @@ class LiveServer:
             raise RuntimeError(
                 f"{tree} server failed to start: {exc}\n{self.log_tail()}"
             ) from exc
+        except BaseException:  # Ctrl-C while it starts: leave nothing behind
+            self.stop()
+            raise
 
     def _wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -154,6 +157,14 @@ class LiveServer:
             if not f.closed:
                 f.close()
 
+    def pids(self) -> list[int]:
+        """PIDs of the launcher and every process under it."""
+        return cpu_server.process_tree(self.proc.pid) if self.proc is not None else []
+
+    def roles(self) -> dict[str, int]:
+        """``{process title: PID}`` of this server's tree (see ``process_roles``)."""
+        return process_roles(self.proc.pid) if self.proc is not None else {}
+
     def stop(self) -> list[int]:
         """Stop the server and its process tree; returns the tree's PIDs."""
         if self.proc is None:
@@ -169,6 +180,43 @@ class LiveServer:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def process_roles(pid: int) -> dict[str, int]:
+    """``{title: PID}`` of the sglang processes under ``pid`` (itself included).
+
+    sglang names its workers with ``setproctitle``: ``sglang::scheduler`` plus
+    the rank labels of its log prefix (``_DP1``, ``_TP1``, ``_DP1_TP1`` under
+    DP attention), ``sglang::data_parallel_controller``,
+    ``sglang::detokenizer``. The title replaces the command line, so it is
+    the first word of ``/proc/PID/cmdline``; processes without one (the
+    launcher, multiprocessing's resource tracker) are left out.
+    """
+    import psutil
+
+    roles = {}
+    for p in cpu_server.process_tree(pid):
+        try:
+            title = (psutil.Process(p).cmdline() or [""])[0].strip()
+        except psutil.Error:
+            continue
+        if title.startswith("sglang::"):
+            roles[title] = p
+    return roles
+
+
+def port_is_free(port: int, host: str = cpu_server.HOST) -> bool:
+    """Whether a new server could listen on ``port`` now (bound as uvicorn
+    binds it: ``SO_REUSEADDR``, so a closed server's TIME_WAIT connections do
+    not count)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        s.listen(1)
+        return True
 
 
 def assert_all_gone(pids: list[int], timeout: float = 30.0) -> None:

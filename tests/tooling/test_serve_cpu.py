@@ -1,7 +1,11 @@
-"""``make serve-cpu``: the README's rank-shard command (a TP=2 tiny DeepSeek-V3.2
-with HiCache and ``SGLANG_ENABLE_HICACHE_RANK_SHARD=1``) serves the README's
+"""``make serve-cpu``: a DP=2 server whose DP rank 1 scheduler is SIGKILLed
+under 8 streams ends every stream (the dead rank's in an error, none hangs),
+exits with its whole tree and frees its port; on that port the README's
+rank-shard command (a TP=2 tiny DeepSeek-V3.2 with HiCache and
+``SGLANG_ENABLE_HICACHE_RANK_SHARD=1``) then starts and serves the README's
 example request and ``scripts/host_tier_demo.py``'s host-tier hit with rank
-shard active, and SIGTERM to its process group answers the request in flight
+shard active, and SIGTERM to its process group during 8 streams ends each
+stream (finished, or cut at the grace), stops the launcher within its grace
 and leaves no process behind."""
 
 import json
@@ -10,7 +14,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 import unittest
 from pathlib import Path
@@ -18,7 +21,14 @@ from pathlib import Path
 import psutil
 import requests
 
-from harness.live_server import START_TIMEOUT_S, free_port
+from harness.faults import Streams, kill_during_streams
+from harness.live_server import (
+    START_TIMEOUT_S,
+    cpu_server,
+    free_port,
+    port_is_free,
+    process_roles,
+)
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -57,30 +67,51 @@ class TestServeCpu(unittest.TestCase):
             "scripts/cpu_server.py --port 31234 --model tiny-llama -- --dp-size 2", out
         )
 
-    def test_example_request_and_sigterm(self):
+    def test_scheduler_death_then_the_readme_server_on_its_port(self):
         port = free_port()
+        self.dp_rank_death(port)
+        self.readme_server_and_sigterm(port)
+
+    def dp_rank_death(self, port):
+        proc = serve(port, "tiny-llama", ["--dp-size", "2"])
+        try:
+            wait_healthy(proc, port, START_TIMEOUT_S[2])
+            tree = [proc.pid] + [
+                c.pid for c in psutil.Process(proc.pid).children(recursive=True)
+            ]
+            victim = process_roles(proc.pid)["sglang::scheduler_DP1"]
+            fault = kill_during_streams(
+                f"http://127.0.0.1:{port}", tree, victim, FAULT_TOKENS
+            )
+            rc = proc.wait(FAULT_BOUND_S)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+        print(f"DP rank kill: {fault}")
+        streams = fault["streams"]
+        ranks = {s.get("dp_rank") for s in streams} - {None}
+        self.assertEqual(ranks, {0, 1}, streams)
+        # The dead rank's streams fail (and any still queued); the survivor's
+        # finish or are cut when the tree stops; none is left waiting.
+        for s in streams:
+            self.assertIn(s["state"], ("done", "error"), output[-3000:])
+            if s.get("dp_rank") in (1, None):
+                self.assertEqual(s["state"], "error", s)
+        self.assertIsNotNone(fault["clients_s"], output[-3000:])
+        self.assertLess(fault["clients_s"], FAULT_BOUND_S, fault)
+        self.assertEqual(fault["left"], [], output[-3000:])
+        self.assertIsNotNone(fault["tree_s"], fault)
+        self.assertIn("Subprocess scheduler_DP1_TP0", output)
+        self.assertNotEqual(rc, 0)  # the launcher stopped itself on a crash
+        self.assertTrue(port_is_free(port))
+
+    def readme_server_and_sigterm(self, port):
         env, model, args = readme_rank_shard_command()
-        proc = subprocess.Popen(
-            [sys.executable, "scripts/cpu_server.py", "--port", str(port)]
-            + ["--model", model, "--", *args],
-            cwd=ROOT,
-            env=dict(os.environ, **env),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,  # its own process group, like a terminal job
-        )
+        proc = serve(port, model, args, env)
         tree = []
         try:
-            deadline = time.monotonic() + START_TIMEOUT_S[2]
-            while time.monotonic() < deadline and proc.poll() is None:
-                try:
-                    if requests.get(f"http://127.0.0.1:{port}/health", timeout=5).ok:
-                        break
-                except requests.RequestException:
-                    pass
-                time.sleep(0.5)
-            self.assertIsNone(proc.poll(), "serve-cpu exited")
+            wait_healthy(proc, port, START_TIMEOUT_S[2])
             body = readme_example()
             resp = requests.post(
                 f"http://127.0.0.1:{port}/generate", json=body, timeout=120
@@ -104,65 +135,36 @@ class TestServeCpu(unittest.TestCase):
                 c.pid for c in psutil.Process(proc.pid).children(recursive=True)
             ]
             self.assertGreaterEqual(len(tree), 3)  # wrapper, launcher, workers
-            # A request still generating when SIGTERM arrives is answered:
-            # streamed, so its first event says it is running.
-            in_flight = {}
-            started = threading.Event()
-
-            def long_request():
-                body = {
-                    "text": "the cache prefix",
-                    "stream": True,
-                    "sampling_params": {
-                        "temperature": 0,
-                        "max_new_tokens": IN_FLIGHT_TOKENS,
-                        "ignore_eos": True,
-                    },
-                }
-                with requests.post(
-                    f"http://127.0.0.1:{port}/generate",
-                    json=body,
-                    stream=True,
-                    timeout=120,
-                ) as r:
-                    in_flight["status"] = r.status_code
-                    for line in r.iter_lines():
-                        if line.startswith(b"data: {"):
-                            started.set()
-                            event = json.loads(line[len(b"data: ") :])
-                            in_flight["tokens"] = event["meta_info"][
-                                "completion_tokens"
-                            ]
-                        elif line == b"data: [DONE]":
-                            in_flight["done"] = True
-                started.set()
-
-            client = threading.Thread(target=long_request)
-            client.start()
-            self.assertTrue(started.wait(60), "the long request never started")
+            # Requests still generating when SIGTERM arrives: each is answered
+            # in full or cut at the grace, none hangs.
+            streams = Streams(f"http://127.0.0.1:{port}", 8, SIGTERM_TOKENS)
+            streams.wait_started(every=False)  # some may wait in the queue
         finally:
+            sigterm_at = time.monotonic()
             os.killpg(proc.pid, signal.SIGTERM)
             try:
-                output, _ = proc.communicate(timeout=120)
+                output, _ = proc.communicate(timeout=SERVE_STOP_GRACE_S + 90)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 output, _ = proc.communicate()
                 self.fail("serve-cpu did not stop on SIGTERM")
+        stopped_s = time.monotonic() - sigterm_at
         self.assertEqual(proc.returncode, 0, output[-3000:])
-        # upstream's drain found the streamed request still running
-        self.assertIn("Remaining number of requests 1", output)
+        # upstream's drain ran (it looks every 5 s: short streams may be done)
+        self.assertRegex(output, r"Remaining number of requests \d+")
         for rank, layers in ((0, "[0, 2]"), (1, "[1, 3]")):
             self.assertIn(
                 f"HiCache rank shard: rank {rank}/2 owns KV layers {layers} and "
                 f"indexer layers {layers}",
                 output,
             )
-        client.join(120)
-        self.assertEqual(
-            in_flight,
-            {"status": 200, "tokens": IN_FLIGHT_TOKENS, "done": True},
-            output[-3000:],
-        )
+        streams.join(30)
+        outcomes = streams.summary(sigterm_at)
+        print(f"SIGTERM under 8 streams: stopped in {stopped_s:.1f} s, {outcomes}")
+        for o in outcomes:
+            self.assertIn(o["state"], ("done", "error"), (o, output[-3000:]))
+        # The launcher drains for at most its grace, then the rest is killed.
+        self.assertLess(stopped_s, SERVE_STOP_GRACE_S + 15, output[-3000:])
         deadline = time.monotonic() + 30
         alive = tree
         while alive and time.monotonic() < deadline:
@@ -171,7 +173,41 @@ class TestServeCpu(unittest.TestCase):
         self.assertEqual(alive, [], "left behind after SIGTERM")
 
 
-IN_FLIGHT_TOKENS = 96  # TP=2 decodes ~7-30 tokens/s on 2 CPU cores
+# 8 streams at once in the README server's 1024-token pool of 64-token DSA
+# pages: one page each (prompt + 48 tokens), so none waits in the queue.
+SIGTERM_TOKENS = 48
+FAULT_BOUND_S = 60.0  # kill to every client answered and the tree gone
+FAULT_TOKENS = 1000  # 8 of them fit the default 16384-token pool per DP rank
+SERVE_STOP_GRACE_S = cpu_server.SERVE_STOP_GRACE_S  # its default --stop-grace
+
+
+def serve(port, model, args, env=None):
+    """``make serve-cpu`` (scripts/cpu_server.py) in its own process group,
+    like a terminal job."""
+    return subprocess.Popen(
+        [sys.executable, "scripts/cpu_server.py", "--port", str(port)]
+        + ["--model", model, "--", *args],
+        cwd=ROOT,
+        env=dict(os.environ, **(env or {})),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def wait_healthy(proc, port, timeout):
+    # /health_generate: a DP server answers /health before its ranks serve
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            url = f"http://127.0.0.1:{port}/health_generate"
+            if requests.get(url, timeout=5).ok:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"serve-cpu not healthy (exit code {proc.poll()})")
 
 
 def _zombie(pid: int) -> bool:

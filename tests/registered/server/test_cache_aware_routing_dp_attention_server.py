@@ -9,7 +9,10 @@ from the digests their leader schedulers publish. Multi-turn conversations
 (``harness.live_workloads``) sent by concurrent clients: each conversation
 stays on one DP rank and every later turn is served its previous prompt from
 cache; both ranks serve; ``/metrics`` counts every request once and shows one
-fresh digest per DP rank.
+fresh digest per DP rank. At the end of its life DP rank 1's scheduler is
+SIGKILLed under 8 streams: every stream ends in an error within a bound (the
+MLP is tensor-parallel over both ranks, so none can finish), the whole tree
+exits and the port is free.
 """
 
 import re
@@ -17,7 +20,8 @@ import unittest
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from harness.live_server import LiveServer, assert_all_gone
+from harness.faults import kill_during_streams
+from harness.live_server import LiveServer, assert_all_gone, port_is_free
 from harness.live_workloads import hit_rate, run_conversations
 
 register_cpu_ci(est_time=300, suite="base-b-test-cpu")
@@ -32,6 +36,8 @@ ARGS = DP_ATTENTION + [
     "--max-total-tokens",
     "4096",
 ]
+FAULT_BOUND_S = 60.0  # kill to every client answered and the tree gone
+FAULT_TOKENS = 256  # 8 streams, 4 per rank, well inside a 4096-token pool
 
 
 def scrape(text: str, name: str) -> dict:
@@ -51,6 +57,12 @@ class TestCacheAwareRoutingDpAttentionServer(unittest.TestCase):
             cls.records = run_conversations(server, n=4, turns=3, seed=21)
             cls.metrics = server.get("/metrics").text
             cls.log = server.log_text()
+            # End of life: DP rank 1's scheduler killed under 8 streams.
+            victim = server.roles()["sglang::scheduler_DP1_TP1"]
+            cls.fault = kill_during_streams(
+                server.base_url, server.pids(), victim, FAULT_TOKENS
+            )
+            cls.fault["port_free"] = port_is_free(server.port)
         except Exception as exc:
             raise RuntimeError(f"dp attention: {exc}\n{server.log_tail()}") from exc
         finally:
@@ -88,6 +100,16 @@ class TestCacheAwareRoutingDpAttentionServer(unittest.TestCase):
         }
         self.assertEqual(set(ages), {"0", "1"}, ages)
         self.assertTrue(all(0 <= a < 5.0 for a in ages.values()), ages)
+
+    def test_a_killed_dp_rank_ends_every_stream_and_the_server(self):
+        fault = self.fault
+        print(f"DP attention rank kill: {fault}")
+        self.assertEqual([s["state"] for s in fault["streams"]], ["error"] * 8, fault)
+        self.assertIsNotNone(fault["clients_s"], fault)
+        self.assertLess(fault["clients_s"], FAULT_BOUND_S, fault)
+        self.assertEqual(fault["left"], [], fault)
+        self.assertIsNotNone(fault["tree_s"], fault)
+        self.assertTrue(fault["port_free"], fault)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,10 @@ host capacity from the geometry (sharded 2x the replicated tier at the same
 ``--hicache-ratio``); the capacity workload gets more host hits on the sharded
 server with the same outputs; the zeroed owner page shows in the record of
 layer 0 on both ranks (rank 1 received it in the owner's broadcast) and
-nowhere else; both servers stop on SIGTERM leaving no process.
+nowhere else; both servers stop on SIGTERM leaving no process, except the
+replicated MLA server, which ends with one TP rank's scheduler SIGKILLed under
+8 streams: every stream ends in an error within a bound, the whole tree exits
+and the port is free (the fault's timings are printed).
 
 The DSA model's ``index_topk`` (2048) is above every prompt, so DSA selects
 every token: a sparse selection would need a torch reference of the DSA
@@ -46,7 +49,14 @@ from pathlib import Path
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness import load_record
-from harness.live_server import HICACHE_ARGS, LiveServer, assert_all_gone, greedy
+from harness.faults import kill_during_streams
+from harness.live_server import (
+    HICACHE_ARGS,
+    LiveServer,
+    assert_all_gone,
+    greedy,
+    port_is_free,
+)
 
 register_cpu_ci(est_time=420, suite="base-b-test-cpu")
 FEATURE_GROUP = "hicache-rank-shard"  # the series group it tests (or "series")
@@ -69,6 +79,9 @@ WORDS = (
 ).split()
 PROMPT_WORDS = 400  # one token per word with the tiny tokenizer
 NEW_TOKENS = 4
+FAULT_SERVER = ("tiny-mla", "replicated")  # hosts the TP rank kill at its end
+FAULT_BOUND_S = 60.0  # kill to every client answered and the tree gone
+FAULT_TOKENS = 96  # 8 streams of ~100 tokens fit the 1024-token device pool
 
 
 def prompts(seed, n, revisit):
@@ -134,6 +147,13 @@ def serve(model, name, env):
     t1 = time.monotonic()
     try:
         out = workload(server, model, record_dir, corrupt=name == "sharded")
+        if (model, name) == FAULT_SERVER:
+            # End of life: one TP rank's scheduler killed under 8 streams.
+            victim = server.roles()["sglang::scheduler_TP1"]
+            out["fault"] = kill_during_streams(
+                server.base_url, server.pids(), victim, FAULT_TOKENS
+            )
+            out["fault"]["port_free"] = port_is_free(server.port)
     except Exception as exc:
         raise RuntimeError(f"{model} {name}: {exc}\n{server.log_tail()}") from exc
     finally:
@@ -249,6 +269,19 @@ class RankShardServerChecks:
 
 class TestRankShardServerMLA(RankShardServerChecks, unittest.TestCase):
     MODEL = "tiny-mla"
+
+    def test_a_killed_tp_rank_ends_every_stream_and_the_server(self):
+        # SIGKILL of scheduler TP1 under 8 streams: the survivor's collective
+        # fails, the launcher stops the tree; every stream ends in an error
+        # (none can finish: the model is split over both ranks), nothing hangs.
+        fault = self.runs["replicated"]["fault"]
+        print(f"TP rank kill: {fault}")
+        self.assertEqual([s["state"] for s in fault["streams"]], ["error"] * 8, fault)
+        self.assertIsNotNone(fault["clients_s"], fault)
+        self.assertLess(fault["clients_s"], FAULT_BOUND_S, fault)
+        self.assertEqual(fault["left"], [], fault)
+        self.assertIsNotNone(fault["tree_s"], fault)
+        self.assertTrue(fault["port_free"], fault)
 
 
 class TestRankShardServerDSA(RankShardServerChecks, unittest.TestCase):
