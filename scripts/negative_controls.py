@@ -219,6 +219,21 @@ CONTROLS = (
         what="the decode admission plan never evicts once for its batch",
     ),
     Control(
+        name="planner-skips-lock",
+        level="cheap",
+        module="srt/disaggregation/decode_hicache_planner.py",
+        old="                prefix_len = prefix_match.l1_prefix_len\n",
+        new="                prefix_len = prefix_match.l1_prefix_len\n"
+        "                self._unlock_match(decode_req, prefix_match)  # negative control\n",
+        tests=(
+            R + "unit/disaggregation/test_decode_hicache_admission.py"
+            "::TestAdmissionPlanning::test_no_failed_restore_under_host_churn",
+        ),
+        expected=("test_no_failed_restore_under_host_churn",),
+        what="the plan unlocks each prefix it matched before the batch eviction "
+        "and the commit",
+    ),
+    Control(
         name="dp-attention-round-robin",
         level="full",
         module="srt/managers/data_parallel_controller.py",
