@@ -3,6 +3,7 @@
 #   make wheel            # fetch + verify the pinned wheel, apply the series, pack dist/*.whl
 #   make test             # .venv with the CPU deps + the built wheel, lint, pytest
 #   make serve-cpu        # the patched server on CPU (tiny local model), foreground
+#   make negative-controls # break a copy of the wheel per control: its tests must fail
 #   make drift VERSION=X  # how each patch applies to release X (clean/offset/fuzz/conflict)
 #   make rebase VERSION=X # carry the series to release X (git 3-way merge; new series + pin)
 #   make pr FEATURE=x     # the group as an upstream PR (build/pr/x); pr-check runs its tests there

@@ -8,6 +8,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -101,8 +102,14 @@ def test_classifier_and_scratch_copy(tmp_path):
     installed = Path(importlib.util.find_spec("sglang").origin).parent
     before = _sha256(installed / DIGEST)
 
-    proc = _run("--controls-json", str(spec), "--out", str(out), timeout=900)
+    try:
+        proc = _run("--controls-json", str(spec), "--out", str(out), timeout=900)
+        _check_self_test(proc, out, installed, before)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
+
+def _check_self_test(proc, out: Path, installed: Path, before: str):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert _sha256(installed / DIGEST) == before
     summary = json.loads((out / "summary.json").read_text())
@@ -150,9 +157,12 @@ def test_every_control_names_its_module_text_once():
 
 def test_cheap_controls_fail_on_their_assertions(tmp_path):
     out = tmp_path / "out"
-    proc = _run("--set", "cheap", "--out", str(out), timeout=3600)
+    try:
+        proc = _run("--set", "cheap", "--out", str(out), timeout=3600)
+        summary = json.loads((out / "summary.json").read_text())
+    finally:  # ~10k hard links per control: not left to pytest's tmp retention
+        shutil.rmtree(out, ignore_errors=True)
     print(proc.stdout)
-    summary = json.loads((out / "summary.json").read_text())
     cheap = [c.name for c in negative_controls.CONTROLS if c.level == "cheap"]
     assert [c["name"] for c in summary["controls"]] == cheap
     for c in summary["controls"]:
