@@ -326,8 +326,10 @@ IMPORT_MARK = """
 import os as _negative_control_os
 
 if _negative_control_os.environ.get("NEGATIVE_CONTROL_IMPORTS"):
-    with open(_negative_control_os.environ["NEGATIVE_CONTROL_IMPORTS"], "a") as _f:
-        _f.write(f"{_negative_control_os.getpid()} {__file__}\\n")
+    with open(
+        _negative_control_os.environ["NEGATIVE_CONTROL_IMPORTS"], "a"
+    ) as _negative_control_file:
+        _negative_control_file.write(f"{_negative_control_os.getpid()} {__file__}\\n")
 """
 
 
@@ -336,7 +338,7 @@ def scratch_copy(package: Path, root: Path, control: Control) -> Path:
     file. Returns the mutated file."""
     if not (package / control.module).is_file():
         raise StaleControl(f"stale control: no module {control.module}")
-    text = mutate((package / control.module).read_text(), control)
+    text = mutate((package / control.module).read_text(encoding="utf-8"), control)
     if root.exists():
         shutil.rmtree(root)
     root.mkdir(parents=True)
@@ -349,7 +351,7 @@ def scratch_copy(package: Path, root: Path, control: Control) -> Path:
         shutil.copytree(package, target, symlinks=True)
     module = target / control.module
     module.unlink()  # the venv's file (same inode) stays as it is
-    module.write_text(text + IMPORT_MARK)
+    module.write_text(text + IMPORT_MARK, encoding="utf-8")
     cache = module.parent / "__pycache__"
     for pyc in cache.glob(f"{module.stem}.*.pyc"):
         pyc.unlink()
