@@ -3,6 +3,7 @@
 #   make wheel            # fetch + verify the pinned wheel, apply the series, pack dist/*.whl
 #   make test             # .venv with the CPU deps + the built wheel, lint, pytest
 #   make serve-cpu        # the patched server on CPU (tiny local model), foreground
+#   make negative-controls # break a copy of the wheel per control: its tests must fail
 #   make drift VERSION=X  # how each patch applies to release X (clean/offset/fuzz/conflict)
 #   make rebase VERSION=X # carry the series to release X (git 3-way merge; new series + pin)
 #   make pr FEATURE=x     # the group as an upstream PR (build/pr/x); pr-check runs its tests there
@@ -12,6 +13,7 @@
 # (local version label), FORCE=1 (apply over unexported work), GROUP (refresh:
 # the series group new commits go to), FEATURE (pr; PR_AUTHOR="Name <email>"),
 # PYTEST_ARGS, PORT, MODEL (tiny-llama, tiny-mla, tiny-dsa) and SERVER_ARGS (serve-cpu),
+# CONTROLS (negative-controls: cheap or all) and CONTROL (one control by name),
 # TORCH_INDEX (where pip finds torch's CPU build; empty: pip's configuration).
 
 PYTHON ?= python3
@@ -24,7 +26,7 @@ PORT ?= 30000
 SERVER_ARGS ?=
 MODEL ?= tiny-llama
 
-.PHONY: all sysdeps fetch apply refresh wheel venv install model serve-cpu test lint pytest check-series drift rebase rebase-continue rebase-abort series-table pr pr-check clean distclean
+.PHONY: all sysdeps fetch apply refresh wheel venv install model serve-cpu test lint pytest negative-controls check-series drift rebase rebase-continue rebase-abort series-table pr pr-check clean distclean
 
 all: wheel
 
@@ -110,6 +112,15 @@ pytest: sysdeps install model $(LINT_UPSTREAM)/.stamp
 	$(VENV)/bin/python -m pytest tests $(PYTEST_ARGS)
 
 test: sysdeps lint pytest
+
+# Break a scratch copy of the installed wheel once per control (never .venv,
+# never build/src) and require the control's tests to fail on their
+# assertions (scripts/negative_controls.py; docs/testing.md, "Negative
+# controls"). CONTROLS=cheap: the unit-test controls only; CONTROL=<name>: one.
+CONTROLS ?= all
+CONTROL ?=
+negative-controls: install model
+	$(VENV)/bin/python scripts/negative_controls.py --set $(CONTROLS) $(if $(CONTROL),--control $(CONTROL))
 
 # quilt, patch, g++, libssl-dev (installed with apt-get when missing)
 sysdeps:

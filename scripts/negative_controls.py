@@ -1,0 +1,645 @@
+#!/usr/bin/env python3
+"""Negative controls: break the installed wheel on purpose; its tests must fail.
+
+    python scripts/negative_controls.py [--set cheap|all] [--control NAME ...]
+    make negative-controls [CONTROLS=cheap] [CONTROL=name]
+
+Each control models one bug: an exact text replacement (``old`` -> ``new``) in
+one module of the installed sglang package. For each control this script
+
+1. copies the installed package (the test venv's ``site-packages/sglang``) to
+   ``build/negative-controls/<control>/sglang`` with hard links, then replaces
+   the one module by a new file (unlinked first: the venv's file, a hard link
+   of the same inode, is untouched) holding the mutation, and drops its
+   cached bytecode. A control whose ``old`` text does not occur exactly once
+   is refused as stale, so no control rots silently;
+2. runs the control's tests with that copy first on ``PYTHONPATH`` (the test
+   process, its rank processes and the live servers it starts all inherit it);
+3. requires them to fail *on their assertions*: at least one failure of each
+   expected kind is an ``AssertionError`` whose message or test id contains
+   the expected text, and none of its tests has a collection error or another
+   exception (``negative_control_plugin`` classifies each failure).
+
+It prints ``control | test | expected failure | seen``, writes
+``build/negative-controls/summary.json`` and exits 1 unless every control
+failed on its assertion. Proof that the mutated copy ran: the mutated module
+records each process that imports it (appended lines that only write to
+``$NEGATIVE_CONTROL_IMPORTS``), and the test process's ``sglang.__file__``.
+
+``cheap`` controls run unit tests (CI runs them, tests/tooling/
+test_negative_controls.py); ``full`` ones start live servers.
+``--controls-json FILE`` replaces the built-in controls (the driver's own
+tests use it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from common import BUILD, ROOT, ToolError, run_main
+from warm_python import THIRD_PARTY, WarmPython
+
+OUT = BUILD / "negative-controls"
+PLUGIN = "negative_control_plugin"
+LEVELS = ("cheap", "full")
+TIMEOUT_S = {"cheap": 900, "full": 1800}
+
+R = "tests/registered/"
+DISPATCH = R + "unit/managers/test_cache_aware_dispatch.py"
+RANK_SHARD_MLA2 = (
+    R + "unit/mem_cache/test_hicache_rank_shard.py::TestRankShardMlaTwoRanks"
+)
+
+
+@dataclass(frozen=True)
+class Control:
+    name: str
+    level: str  # cheap | full
+    module: str  # path of the module inside the sglang package
+    old: str  # exact text, must occur once
+    new: str
+    tests: tuple  # pytest node ids, relative to the repository root
+    # Substrings: each must be in the message or test id of a failure that
+    # is an AssertionError.
+    expected: tuple
+    what: str  # the bug the mutation models
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Control":
+        d = dict(d)
+        d["tests"] = tuple(d["tests"])
+        d["expected"] = tuple(d["expected"])
+        return cls(**d)
+
+
+CONTROLS = (
+    Control(
+        name="router-ignores-landings",
+        level="cheap",
+        module="srt/managers/dp_routing/router.py",
+        old="            self.pending.add(rank, keys, now)\n",
+        new="            pass  # negative control: the landing is ignored\n",
+        tests=(DISPATCH + "::TestPrefillLandings",),
+        expected=(
+            "test_partial_landing_credits_its_whole_chunks_on_its_rank_only",
+            "test_follower_after_the_landing_reuses_it",
+        ),
+        what="a landed prefill never becomes a pending prefix on its rank",
+    ),
+    Control(
+        name="no-stalls-reported",
+        level="cheap",
+        module="srt/managers/dp_routing/router.py",
+        old=(
+            "        return self.stalls.update(budget, active, "
+            "self.digests.latest, self.clock())\n"
+        ),
+        new=(
+            "        self.stalls.update(budget, active, "
+            "self.digests.latest, self.clock())\n"
+            "        return set()  # negative control: no stalled rank reported\n"
+        ),
+        tests=(DISPATCH + "::TestStalledRanks",),
+        expected=(
+            "test_stalled_rank_is_routed_around",
+            "test_one_warning_per_stall_and_counters",
+        ),
+        what="the stall watch sees the quiet rank, the router is told of none",
+    ),
+    Control(
+        name="router-ignores-host-digests",
+        level="cheap",
+        module="srt/managers/dp_routing/rank_digests.py",
+        old="        return index.update(rank, d.gpu, d.host)\n",
+        new="        return index.update(rank, d.gpu, frozenset())  # negative control\n",
+        tests=(DISPATCH + "::TestCacheAwareDispatch::test_host_hits_weigh_less",),
+        expected=("host_beats_short_gpu",),
+        what="the router indexes no host-tier (L2) chunk of any digest",
+    ),
+    Control(
+        name="digest-leaves-out-host-tier",
+        level="cheap",
+        module="srt/managers/dp_routing/tracker.py",
+        old="_HOST_MEDIA = frozenset({StorageMedium.CPU.value})\n",
+        new="_HOST_MEDIA = frozenset()  # negative control: host blocks untracked\n",
+        tests=(
+            R + "unit/managers/test_prefix_digest.py::TestDigestTracker"
+            "::test_host_tier_and_reset",
+        ),
+        expected=("test_host_tier_and_reset",),
+        what="a rank's digest leaves out its host-tier (L2) blocks",
+    ),
+    Control(
+        name="staging-view-64-bytes-long",
+        level="cheap",
+        module="srt/mem_cache/hicache_rank_shard/exchange.py",
+        old=(
+            "    if pieces:\n" "        chunks.append((staging[:off], tuple(pieces)))\n"
+        ),
+        new=(
+            "    if pieces:  # negative control: 64 bytes past the rows\n"
+            "        chunks.append((staging[: off + 64], tuple(pieces)))\n"
+        ),
+        tests=(
+            RANK_SHARD_MLA2
+            + "::test_host_copies_touch_only_owned_layers_with_owned_bytes",
+        ),
+        expected=("test_host_copies_touch_only_owned_layers_with_owned_bytes",),
+        what="each broadcast sends its staging view 64 bytes longer than its rows",
+    ),
+    Control(
+        name="l3-refusal-decorator-removed",
+        level="cheap",
+        module="srt/mem_cache/hicache_rank_shard/host_pools.py",
+        old="@_refuse_l3_page_access\nclass RankShardedMLATokenToKVPoolHost(",
+        new="class RankShardedMLATokenToKVPoolHost(",
+        tests=(
+            RANK_SHARD_MLA2 + "::test_sharded_pools_refuse_l3_page_access_by_class",
+        ),
+        expected=("test_sharded_pools_refuse_l3_page_access_by_class",),
+        what="the sharded MLA KV host pool keeps upstream's L3 page accessors",
+    ),
+    Control(
+        name="prompt-id-check-removed",
+        level="cheap",
+        module="srt/managers/tokenizer_manager.py",
+        old="        self._validate_prompt_token_ids(obj, input_ids)\n",
+        new="",
+        tests=(
+            R + "unit/managers/test_request_validation.py::TestRequestValidation"
+            "::test_prompt_ids_outside_the_vocabulary",
+        ),
+        expected=("ValueError not raised",),
+        what="fixes/0001 without its prompt token id check",
+    ),
+    Control(
+        name="auto-never-selects-cache-aware",
+        level="cheap",
+        module="srt/arg_groups/cache_aware_routing_hook.py",
+        old='    return (\n        cfg.disaggregation_mode == "decode"\n',
+        new="    return False and (  # negative control\n"
+        '        cfg.disaggregation_mode == "decode"\n',
+        tests=(
+            R + "unit/server_args/test_feature_off_matches_upstream.py"
+            "::TestFeatureOffMatchesUpstream::test_only_the_readme_exception_differs",
+            R + "unit/server_args/test_feature_off_matches_upstream.py"
+            "::TestFeatureOffMatchesUpstream"
+            "::test_decode_hicache_switch_auto_selects_cache_aware",
+        ),
+        expected=(
+            "test_only_the_readme_exception_differs",
+            "test_decode_hicache_switch_auto_selects_cache_aware",
+        ),
+        what="auto resolves round_robin on a multi-DP PD decode worker with "
+        "the decode radix cache (the README's one flag-off exception gone)",
+    ),
+    Control(
+        name="planner-skips-batch-eviction",
+        level="cheap",
+        module="srt/disaggregation/decode_hicache_planner.py",
+        old="        plan.evict_tokens = self._batch_deficit(plan)\n",
+        new="        plan.evict_tokens = 0  # negative control: no batch eviction\n",
+        tests=(
+            R + "unit/disaggregation/test_decode_hicache_admission.py"
+            "::TestAdmissionPlanning::test_one_page_aligned_eviction_per_admission_round",
+        ),
+        expected=("test_one_page_aligned_eviction_per_admission_round",),
+        what="the decode admission plan never evicts once for its batch",
+    ),
+    Control(
+        name="planner-skips-lock",
+        level="cheap",
+        module="srt/disaggregation/decode_hicache_planner.py",
+        old="                prefix_len = prefix_match.l1_prefix_len\n",
+        new="                prefix_len = prefix_match.l1_prefix_len\n"
+        "                self._unlock_match(decode_req, prefix_match)  # negative control\n",
+        tests=(
+            R + "unit/disaggregation/test_decode_hicache_admission.py"
+            "::TestAdmissionPlanning::test_no_failed_restore_under_host_churn",
+        ),
+        expected=("test_no_failed_restore_under_host_churn",),
+        what="the plan unlocks each prefix it matched before the batch eviction "
+        "and the commit",
+    ),
+    Control(
+        name="dp-attention-round-robin",
+        level="full",
+        module="srt/managers/data_parallel_controller.py",
+        old="            LoadBalanceMethod.CACHE_AWARE: self.cache_aware_scheduler,\n",
+        new="            LoadBalanceMethod.CACHE_AWARE: self.round_robin_scheduler,\n",
+        tests=(
+            R + "server/test_cache_aware_routing_dp_attention_server.py"
+            "::TestCacheAwareRoutingDpAttentionServer"
+            "::test_every_request_routed_once_and_one_digest_per_dp_rank",
+            R + "server/test_cache_aware_routing_dp_attention_server.py"
+            "::TestCacheAwareRoutingDpAttentionServer::test_conversations_stick_and_hit",
+        ),
+        expected=("test_every_request_routed_once_and_one_digest_per_dp_rank",),
+        what="--load-balance-method cache_aware dispatches round robin",
+    ),
+    Control(
+        name="router-ignores-host-digests-live",
+        level="full",
+        module="srt/managers/dp_routing/rank_digests.py",
+        old="        return index.update(rank, d.gpu, d.host)\n",
+        new="        return index.update(rank, d.gpu, frozenset())  # negative control\n",
+        tests=(
+            R + "server/test_cache_aware_routing_server.py"
+            "::TestCacheAwareRoutingServer::test_small_pool_routes_host_hits",
+        ),
+        expected=("test_small_pool_routes_host_hits",),
+        what="the router indexes no host-tier chunk (live DP=2, small pool)",
+    ),
+    Control(
+        name="serve-cpu-without-host-tier",
+        level="full",
+        module="srt/mem_cache/unified_radix_cache.py",
+        old='        """Execute Backup action."""\n',
+        new='        """Execute Backup action."""\n'
+        "        return None  # negative control: nothing reaches the host tier\n",
+        tests=(
+            "tests/tooling/test_serve_cpu.py::TestServeCpu"
+            "::test_example_request_and_sigterm",
+        ),
+        expected=("revisit: ",),
+        what="HiCache backs nothing up to host memory: no load-back ever",
+    ),
+)
+
+
+# ---- the scratch copy ----
+
+
+def installed_package(python: str) -> Path:
+    """The sglang package directory ``python`` imports without PYTHONPATH:
+    the installed wheel, never build/src."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run(
+        [
+            python,
+            "-c",
+            "import importlib.util as u; print(u.find_spec('sglang').origin)",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd="/",
+    )
+    if proc.returncode != 0:
+        raise ToolError(f"{python} finds no sglang: {proc.stderr.strip()}")
+    package = Path(proc.stdout.strip()).parent
+    if "site-packages" not in package.parts:
+        raise ToolError(f"sglang of {python} is not an installed wheel: {package}")
+    return package
+
+
+class StaleControl(Exception):
+    pass
+
+
+def mutate(text: str, control: Control) -> str:
+    count = text.count(control.old)
+    if count != 1:
+        where = "not found" if count == 0 else f"found {count} times"
+        raise StaleControl(
+            f"stale control: text {where} in {control.module}: {control.old!r}"
+        )
+    return text.replace(control.old, control.new)
+
+
+# Appended to the mutated module: every process that imports it says so.
+IMPORT_MARK = """
+
+# negative control (scripts/negative_controls.py): record this import
+import os as _negative_control_os
+
+if _negative_control_os.environ.get("NEGATIVE_CONTROL_IMPORTS"):
+    with open(
+        _negative_control_os.environ["NEGATIVE_CONTROL_IMPORTS"], "a"
+    ) as _negative_control_file:
+        _negative_control_file.write(f"{_negative_control_os.getpid()} {__file__}\\n")
+"""
+
+
+def scratch_copy(package: Path, root: Path, control: Control) -> Path:
+    """``root``/sglang: hard links of ``package`` but the mutated module, a new
+    file. Returns the mutated file."""
+    if not (package / control.module).is_file():
+        raise StaleControl(f"stale control: no module {control.module}")
+    text = mutate((package / control.module).read_text(encoding="utf-8"), control)
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    target = root / "sglang"
+    proc = subprocess.run(
+        ["cp", "-al", str(package), str(target)], capture_output=True, text=True
+    )
+    if proc.returncode != 0:  # another file system: a plain copy
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(package, target, symlinks=True)
+    module = target / control.module
+    module.unlink()  # the venv's file (same inode) stays as it is
+    module.write_text(text + IMPORT_MARK, encoding="utf-8")
+    cache = module.parent / "__pycache__"
+    for pyc in cache.glob(f"{module.stem}.*.pyc"):
+        pyc.unlink()
+    shutil.copy(Path(__file__).with_name(f"{PLUGIN}.py"), root / f"{PLUGIN}.py")
+    return module
+
+
+def module_name(control: Control) -> str:
+    return "sglang." + control.module[: -len(".py")].replace("/", ".")
+
+
+# ---- running and judging ----
+
+
+# ``python -m pytest ARGS`` in a job of the warm interpreter (sys.argv[1:]).
+PYTEST_MAIN = "import sys, pytest; raise SystemExit(int(pytest.main(sys.argv[1:])))"
+
+
+def _run_cold(cmd: list, env: dict, log: Path, timeout: float) -> int | None:
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its process group: stopped as a whole
+        )
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return None
+
+
+def run_tests(
+    python: str, root: Path, control: Control, timeout: float, warm=None
+) -> dict:
+    report, imports = root / "report.json", root / "imports.txt"
+    for f in (report, imports):
+        f.unlink(missing_ok=True)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(root), os.environ.get("PYTHONPATH")) if p
+    )
+    env.update(
+        NEGATIVE_CONTROL_REPORT=str(report),
+        NEGATIVE_CONTROL_IMPORTS=str(imports),
+        NEGATIVE_CONTROL_MODULE=module_name(control),
+    )
+    args = ["-q", "-p", "no:cacheprovider", "-p", PLUGIN, *control.tests]
+    log = root / "pytest.log"
+    start = time.monotonic()
+    if warm is not None:  # forked from the warm interpreter, as python -m pytest
+        rc = warm.run(["pytest", *args], ROOT, env, log, timeout, code=PYTEST_MAIN)
+    else:
+        rc = _run_cold([python, "-m", "pytest", *args], env, log, timeout)
+    timed_out = rc is None
+    seconds = time.monotonic() - start
+    result = dict(rc=rc, seconds=round(seconds, 1), timed_out=timed_out, log=str(log))
+    if report.is_file():
+        result.update(json.loads(report.read_text()))
+    pids = set()
+    if imports.is_file():
+        for line in imports.read_text().splitlines():
+            pid, _, path = line.partition(" ")
+            pids.add(pid)
+            result.setdefault("imported_from", path)
+    result["importing_processes"] = len(pids)
+    return result
+
+
+def _first_line(text: str) -> str:
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()[:160]
+    return ""
+
+
+def judge(control: Control, result: dict) -> tuple[bool, str]:
+    """(failed on its assertion, what was seen)."""
+    if result.get("timed_out"):
+        return False, "timeout (not counted)"
+    if "reports" not in result:
+        return False, f"no report (pytest exit {result['rc']}; see its log)"
+    if result["collection_errors"]:
+        return False, "collection error: " + _first_line(
+            result["collection_errors"][0]["message"]
+        )
+    failures = [r for r in result["reports"] if r["outcome"] == "failed"]
+    errors = [r for r in failures if r["kind"] != "assertion"]
+    if errors:
+        return False, f"{errors[0]['kind']} (not counted): " + _first_line(
+            errors[0]["message"]
+        )
+    if not result["reports"]:
+        return False, f"no test ran (pytest exit {result['rc']})"
+    if not failures:
+        if all(r["outcome"] == "skipped" for r in result["reports"]):
+            return False, "skipped (not counted)"
+        return False, "PASSED"
+    missing = [
+        e
+        for e in control.expected
+        if not any(e in r["nodeid"] or e in r["message"] for r in failures)
+    ]
+    first = failures[0]
+    seen = f"fails on assertion: {first['nodeid'].split('::')[-1]}: " + _first_line(
+        first["message"]
+    )
+    if missing:
+        return False, seen + f" (expected failure not seen: {', '.join(missing)})"
+    return True, seen
+
+
+# ---- the table ----
+
+
+def table(rows: list[tuple]) -> str:
+    head = ("control", "test", "expected failure", "seen")
+    widths = [
+        min(max(len(str(r[i])) for r in [head, *rows]), (40, 70, 60, 200)[i])
+        for i in range(4)
+    ]
+
+    def line(cells):
+        return " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()
+
+    out = [line(head), "-|-".join("-" * w for w in widths)]
+    out += [line(r) for r in rows]
+    return "\n".join(out)
+
+
+def short_test(nodeid: str) -> str:
+    path, _, rest = nodeid.partition("::")
+    return Path(path).name + (f"::{rest}" if rest else "")
+
+
+def select(controls, level: str, names: list[str]) -> list[Control]:
+    known = {c.name: c for c in controls}
+    if names:
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise ToolError(
+                f"unknown control(s) {', '.join(unknown)}; known: {', '.join(known)}"
+            )
+        return [known[n] for n in names]
+    if level == "all":
+        return list(controls)
+    return [c for c in controls if c.level == level]
+
+
+def run_control(control: Control, package: Path, out: Path, python: str, warm):
+    """One control: (ok, seen, its summary entry)."""
+    root = out / control.name
+    original = package / control.module
+    before = _sha256(original) if original.is_file() else None
+    result: dict = {}
+    try:
+        scratch_copy(package, root, control)
+    except StaleControl as exc:
+        ok, seen = False, str(exc)
+    else:
+        result = run_tests(python, root, control, TIMEOUT_S[control.level], warm)
+        ok, seen = judge(control, result)
+        if result.get("sglang") and not _under(result["sglang"], root):
+            ok = False
+            seen += f" (sglang imported from {result['sglang']}, not the copy)"
+        elif ok and not result["importing_processes"]:
+            ok = False
+            seen += " (but no process imported the mutated module)"
+    if original.is_file() and _sha256(original) != before:
+        raise ToolError(f"the installed {original} changed during {control.name}")
+    return dict(
+        dataclasses.asdict(control),
+        ok=ok,
+        seen=seen,
+        seconds=result.get("seconds"),
+        pytest_exit=result.get("rc"),
+        sglang=result.get("sglang"),
+        mutated_module=result.get("mutated_module"),
+        imported_from=result.get("imported_from"),
+        importing_processes=result.get("importing_processes", 0),
+        failures=[r for r in result.get("reports", []) if r["outcome"] == "failed"],
+        collection_errors=result.get("collection_errors", []),
+        log=result.get("log"),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--set", choices=("cheap", "full", "all"), default="all")
+    parser.add_argument("--control", action="append", default=[], metavar="NAME")
+    parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--controls-json", type=Path)
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="a fresh interpreter per control, not a fork of the warm one",
+    )
+    parser.add_argument("--list", action="store_true")
+    args = parser.parse_args(argv)
+    names = [n for arg in args.control for n in arg.split(",") if n]
+
+    controls = CONTROLS
+    if args.controls_json:
+        controls = tuple(
+            Control.from_dict(d) for d in json.loads(args.controls_json.read_text())
+        )
+    for c in controls:
+        if c.level not in LEVELS:
+            raise ToolError(f"control {c.name}: level {c.level!r} not in {LEVELS}")
+    chosen = select(controls, args.set, names)
+    if args.list:
+        for c in chosen:
+            print(f"{c.name:34} {c.level:5} {c.module}: {c.what}")
+        return 0
+
+    package = installed_package(args.python)
+    print(f"installed sglang: {package}", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    summary = []
+    with contextlib.ExitStack() as stack:
+        warm = None
+        if (
+            not args.cold
+            and Path(args.python).resolve() == Path(sys.executable).resolve()
+        ):
+            # Third-party imports paid once; sglang comes from each copy.
+            warm = stack.enter_context(WarmPython(THIRD_PARTY + ("pytest",)))
+        for i, control in enumerate(chosen, 1):
+            entry = run_control(control, package, args.out, args.python, warm)
+            summary.append(entry)
+            print(
+                f"[{i}/{len(chosen)}] {control.name}: "
+                f"{'ok' if entry['ok'] else 'NOT OK'} in {entry['seconds'] or 0:.0f} s; "
+                f"test process imported {_rel(entry['sglang'])}; mutated module "
+                f"imported by {entry['importing_processes']} process(es)",
+                flush=True,
+            )
+    elapsed = time.monotonic() - start
+    rows = [
+        (
+            c["name"],
+            ", ".join(short_test(t) for t in c["tests"]),
+            " + ".join(c["expected"]),
+            c["seen"],
+        )
+        for c in summary
+    ]
+    print()
+    print(table(rows))
+    failed = [c["name"] for c in summary if not c["ok"]]
+    (args.out / "summary.json").write_text(
+        json.dumps(
+            dict(controls=summary, seconds=round(elapsed, 1), not_ok=failed), indent=1
+        )
+        + "\n"
+    )
+    print(
+        f"\n{len(summary) - len(failed)} of {len(summary)} controls failed on their "
+        f"assertions in {elapsed:.0f} s; summary: {_rel(str(args.out / 'summary.json'))}"
+    )
+    if failed:
+        print(f"not failing on an assertion: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _under(path: str | None, root: Path) -> bool:
+    return path is not None and Path(path).resolve().is_relative_to(root.resolve())
+
+
+def _rel(path: str | None) -> str:
+    if path is None:
+        return "no sglang"
+    try:
+        return str(Path(path).resolve().relative_to(ROOT))
+    except ValueError:
+        return path
+
+
+if __name__ == "__main__":
+    run_main(lambda: sys.exit(main()))
