@@ -99,6 +99,22 @@ CONTROLS = (
         what="a landed prefill never becomes a pending prefix on its rank",
     ),
     Control(
+        name="landing-credits-unknown-rid",
+        level="cheap",
+        module="srt/managers/dp_routing/in_flight.py",
+        old="        entry = self.entries.get(rid)\n",
+        new=(
+            "        if rid not in self.entries:  # negative control: any on the rank\n"
+            "            rid = next(\n"
+            "                (r for r, e in self.entries.items() if e.rank == rank), rid\n"
+            "            )\n"
+            "        entry = self.entries.get(rid)\n"
+        ),
+        tests=(DISPATCH + "::TestPrefillLandings",),
+        expected=("test_landing_of_an_unknown_rid_credits_nothing",),
+        what="a landing of a rid never dispatched credits the rank's request in flight",
+    ),
+    Control(
         name="no-stalls-reported",
         level="cheap",
         module="srt/managers/dp_routing/router.py",

@@ -751,9 +751,18 @@ def landing_cases(rank, world_size, ttl=30.0):
         send_landing(handle, first, [("b0", 56)])
         out["after_landing"] = go("a0", p + _prompt(71, 8))
         out["pending_after_landing"] = pending_sizes()
-        # A landing of a rid never dispatched credits nothing.
-        send_landing(handle, first, [("unknown", 56)])
+        # A landing of a rid never dispatched credits nothing, not even the
+        # request in flight on that rank (a fresh prefix, not landed yet).
+        rank_u, _ = go("u0", _prompt(90, 48))
+        out["pending_before_unknown"] = pending_sizes()
+        send_landing(handle, rank_u, [("unknown", 56)])
         out["pending_after_unknown"] = pending_sizes()
+        entry = router.in_flight.entries.get("u0")  # gone once credited whole
+        out["u0_credited"] = entry.credited if entry is not None else None
+        # ... and that request's own landing does (the control of the above)
+        send_landing(handle, rank_u, [("u0", 48)])
+        out["pending_after_u0"] = pending_sizes()
+        out["rank_u"] = rank_u
         out["stats"] = dict(router.stats)
         return out
     finally:

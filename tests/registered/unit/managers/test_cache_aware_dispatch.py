@@ -194,7 +194,15 @@ class TestPrefillLandings(unittest.TestCase):
         # 56 tokens: the prompt's 7 chunks, one credited before.
         self.assertEqual(self.out["pending_after_landing"], self.expected(7))
         self.assertEqual(self.out["after_landing"], (self.first, "match"))
-        self.assertEqual(self.out["pending_after_unknown"], self.expected(7))
+
+    def test_landing_of_an_unknown_rid_credits_nothing(self):
+        before = self.out["pending_before_unknown"]
+        self.assertEqual(self.out["pending_after_unknown"], before)
+        self.assertEqual(self.out["u0_credited"], 0)
+        # the in-flight request's own landing credits its 6 chunks
+        after = list(before)
+        after[self.out["rank_u"]] += 6
+        self.assertEqual(self.out["pending_after_u0"], after)
 
 
 class TestStalledRanks(unittest.TestCase):
