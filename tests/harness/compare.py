@@ -70,3 +70,28 @@ def run_scenario(
     return interpreter_for(tree).run(
         target, world_size, (), kwargs, timeout=timeout, env=env
     )
+
+
+def run_code(code: str, payload, pythonpath=None, timeout: float = 600):
+    """``python -c code`` in a fresh interpreter of this environment, with
+    ``pythonpath`` (e.g. ``upstream_tree()``) first on ``PYTHONPATH``, fed
+    ``payload`` as JSON on stdin; the JSON its last output line holds."""
+    import json
+    import subprocess
+
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(pythonpath), env.get("PYTHONPATH")) if p
+        )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        input=json.dumps(payload),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+    if proc.returncode != 0:
+        raise AssertionError(proc.stderr[-4000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -9,16 +9,12 @@ resolve it to the same destination. Each parser is built in a fresh
 interpreter: the pristine unpacked wheel first on ``PYTHONPATH`` for upstream.
 """
 
-import json
-import os
-import subprocess
-import sys
 import unittest
 from pathlib import Path
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from harness.compare import upstream_tree
+from harness.compare import run_code, upstream_tree
 
 register_cpu_ci(est_time=60, suite="base-a-test-cpu")
 FEATURE_GROUP = "series"  # the series group it tests (or "series")
@@ -60,21 +56,7 @@ print(json.dumps({"module": module.__file__, "resolved": out}))
 
 
 def resolve(candidates, pythonpath=None):
-    env = dict(os.environ)
-    if pythonpath:
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(pythonpath), env.get("PYTHONPATH")) if p
-        )
-    proc = subprocess.run(
-        [sys.executable, "-c", RESOLVE],
-        input=json.dumps(candidates),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        check=True,
-    )
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_code(RESOLVE, candidates, pythonpath)
 
 
 def is_under(module: str, tree) -> bool:

@@ -15,17 +15,13 @@ condition of that exception.
 """
 
 import itertools
-import json
-import os
 import re
-import subprocess
-import sys
 import unittest
 from pathlib import Path
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from harness.compare import upstream_tree
+from harness.compare import run_code, upstream_tree
 
 register_cpu_ci(est_time=60, suite="base-a-test-cpu")
 FEATURE_GROUP = "series"  # the series group it tests (or "series")
@@ -106,22 +102,7 @@ def is_readme_exception(argv) -> bool:
 
 
 def resolve(argvs, pythonpath=None):
-    env = dict(os.environ)
-    if pythonpath:
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(pythonpath), env.get("PYTHONPATH")) if p
-        )
-    proc = subprocess.run(
-        [sys.executable, "-c", RESOLVE],
-        input=json.dumps(argvs),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    if proc.returncode != 0:
-        raise AssertionError(proc.stderr[-4000:])
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_code(RESOLVE, argvs, pythonpath)
 
 
 class TestFeatureOffMatchesUpstream(unittest.TestCase):
