@@ -153,7 +153,7 @@ rebase-continue:
 rebase-abort:
 	$(PYTHON) scripts/rebase.py --abort
 
-# The README's series table, from the patch headers.
+# The series table (docs/series.md), from the patch headers.
 series-table:
 	$(PYTHON) scripts/headers.py check
 	$(PYTHON) scripts/headers.py table

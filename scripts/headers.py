@@ -21,7 +21,7 @@ import re
 from common import PATCHES, ROOT, ToolError, read_series, run_main
 
 FIELDS = ("Why", "How", "Upstream-Status", "Related", "Remove-When")
-README = ROOT / "README.md"
+README = ROOT / "docs" / "series.md"
 START, END = "<!-- series-table -->", "<!-- /series-table -->"
 _FIELD = re.compile(r"(?m)^(%s):[ \t]*" % "|".join(re.escape(f) for f in FIELDS))
 
@@ -84,7 +84,7 @@ def series_table(series: list[str] | None = None) -> str:
 
 def readme_with_table(readme: str, table: str) -> str:
     if START not in readme or END not in readme:
-        raise ToolError(f"README.md has no {START} ... {END} markers")
+        raise ToolError(f"docs/series.md has no {START} ... {END} markers")
     head, rest = readme.split(START, 1)
     _, tail = rest.split(END, 1)
     return f"{head}{START}\n{table}{END}{tail}"
@@ -119,12 +119,12 @@ def main() -> None:
     readme = README.read_text()
     new = readme_with_table(readme, series_table())
     if new == readme:
-        print("README.md series table is current")
+        print("docs/series.md series table is current")
     elif args.check:
-        raise ToolError("README.md series table is stale: run `make series-table`")
+        raise ToolError("docs/series.md series table is stale: run `make series-table`")
     else:
         README.write_text(new)
-        print("README.md series table updated")
+        print("docs/series.md series table updated")
 
 
 if __name__ == "__main__":
