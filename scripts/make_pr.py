@@ -223,7 +223,7 @@ def _apply(repo: Path, patch: Path, name: str) -> None:
         env={**os.environ, "LC_ALL": "C"},
     )
     output = proc.stdout + proc.stderr
-    if proc.returncode != 0 or series_mod.NOT_CLEAN.search(output):
+    if proc.returncode != 0 or series_mod.unclean(output):
         raise ToolError(
             f"{name} does not apply alone to the pinned release in the upstream "
             f"layout at zero fuzz and offset:\n{output}"

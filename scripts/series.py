@@ -56,6 +56,17 @@ NOT_CLEAN = re.compile(
     r"can't find file|No file to patch|ignored|Skipping patch)",
     re.I,
 )
+# Lines that only name a file or a patch (a patch may be named "...malformed...").
+NAMING_LINE = re.compile(r"^(patching file|checking file|Applying patch|Now at patch) ")
+
+
+def unclean(output: str) -> list[str]:
+    """The lines of patch/quilt output that say a hunk did not apply cleanly."""
+    return [
+        line
+        for line in output.splitlines()
+        if NOT_CLEAN.search(line) and not NAMING_LINE.match(line)
+    ]
 
 
 # ---------------------------------------------------------------- strict check
@@ -121,7 +132,7 @@ def strict_problems(tree: Path, patch_file: Path) -> list[str]:
                 where = hunk.header if hunk else "?"
                 problems.append(f"{current} hunk #{m.group(1)} ({where}): {msg}")
             continue
-        if NOT_CLEAN.search(line):
+        if unclean(line):
             problems.append(f"{current}: {line.strip()}")
     if proc.returncode != 0 and not problems:
         problems.append(f"patch exited {proc.returncode}: {proc.stdout[-1500:]}")
@@ -536,7 +547,7 @@ def check_patch(tree: Path) -> None:
             env={**os.environ, "LC_ALL": "C"},
         )
         out = proc.stdout + proc.stderr
-        if proc.returncode != 0 or NOT_CLEAN.search(out):
+        if proc.returncode != 0 or unclean(out):
             raise ToolError(f"`patch -p1 --fuzz=0` failed on {name}:\n{out}")
 
 
@@ -561,7 +572,7 @@ def check_quilt(tree: Path) -> None:
         stdin=subprocess.DEVNULL,
     )
     out = proc.stdout + proc.stderr
-    if proc.returncode != 0 or NOT_CLEAN.search(out):
+    if proc.returncode != 0 or unclean(out):
         raise ToolError(f"`quilt push -a --fuzz=0` failed:\n{out}")
     shutil.rmtree(tree / ".pc", ignore_errors=True)
 

@@ -219,6 +219,36 @@ def port_is_free(port: int, host: str = cpu_server.HOST) -> bool:
         return True
 
 
+PORT_RELEASE_S = 15.0  # a dead tree's sockets close in the kernel, not at once
+
+
+def port_release(port: int, within: float = PORT_RELEASE_S) -> dict:
+    """Waits (bounded) until a new server could listen on ``port`` again.
+    ``free`` and ``after_s`` say whether and when; while it is not, the TCP
+    sockets still on the port are recorded as ``holders`` (state and PID, None
+    for a socket no process owns any more) so a failure names what held it."""
+    import psutil
+
+    start = time.monotonic()
+    holders: list = []
+    while True:
+        if port_is_free(port):
+            return dict(
+                free=True, after_s=round(time.monotonic() - start, 2), holders=holders
+            )
+        holders = sorted(
+            {
+                (c.status, c.pid)
+                for c in psutil.net_connections(kind="tcp")
+                if c.laddr and c.laddr.port == port
+            },
+            key=str,
+        )
+        if time.monotonic() - start > within:
+            return dict(free=False, after_s=None, holders=holders)
+        time.sleep(0.2)
+
+
 def assert_all_gone(pids: list[int], timeout: float = 30.0) -> None:
     """Every PID of a stopped server's tree has exited (no orphan left)."""
     import psutil

@@ -26,7 +26,7 @@ from harness.live_server import (
     START_TIMEOUT_S,
     cpu_server,
     free_port,
-    port_is_free,
+    port_release,
     process_roles,
 )
 
@@ -104,7 +104,8 @@ class TestServeCpu(unittest.TestCase):
         self.assertIsNotNone(fault["tree_s"], fault)
         self.assertIn("Subprocess scheduler_DP1_TP0", output)
         self.assertNotEqual(rc, 0)  # the launcher stopped itself on a crash
-        self.assertTrue(port_is_free(port))
+        released = port_release(port)
+        self.assertTrue(released["free"], released)
 
     def readme_server_and_sigterm(self, port):
         env, model, args = readme_rank_shard_command()

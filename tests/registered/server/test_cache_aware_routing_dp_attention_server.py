@@ -21,7 +21,7 @@ import unittest
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.faults import kill_during_streams
-from harness.live_server import LiveServer, assert_all_gone, port_is_free
+from harness.live_server import LiveServer, assert_all_gone, port_release
 from harness.live_workloads import hit_rate, run_conversations
 
 register_cpu_ci(est_time=300, suite="base-b-test-cpu")
@@ -62,7 +62,7 @@ class TestCacheAwareRoutingDpAttentionServer(unittest.TestCase):
             cls.fault = kill_during_streams(
                 server.base_url, server.pids(), victim, FAULT_TOKENS
             )
-            cls.fault["port_free"] = port_is_free(server.port)
+            cls.fault["port"] = port_release(server.port)
         except Exception as exc:
             raise RuntimeError(f"dp attention: {exc}\n{server.log_tail()}") from exc
         finally:
@@ -109,7 +109,7 @@ class TestCacheAwareRoutingDpAttentionServer(unittest.TestCase):
         self.assertLess(fault["clients_s"], FAULT_BOUND_S, fault)
         self.assertEqual(fault["left"], [], fault)
         self.assertIsNotNone(fault["tree_s"], fault)
-        self.assertTrue(fault["port_free"], fault)
+        self.assertTrue(fault["port"]["free"], fault)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ import glob
 import os
 import re
 import signal
-import socket
 import stat
 import tempfile
 import threading
@@ -37,7 +36,13 @@ import psutil
 import zmq
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from harness.live_server import HICACHE_ARGS, LiveServer, assert_all_gone, greedy
+from harness.live_server import (
+    HICACHE_ARGS,
+    LiveServer,
+    assert_all_gone,
+    greedy,
+    port_release,
+)
 from harness.live_workloads import conversations, hit_rate, run_conversations
 
 register_cpu_ci(est_time=420, suite="base-b-test-cpu")
@@ -381,17 +386,6 @@ def malformed_probe(server) -> dict:
     return out
 
 
-def port_free(port: int) -> bool:
-    """Whether a new server could listen on ``port`` (as uvicorn binds)."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def kill_controller(server) -> dict:
     """SIGKILLs the DP controller: the launcher's watchdog takes the whole
     server down. Returns how long that took, its exit code, the processes
@@ -416,7 +410,7 @@ def kill_controller(server) -> dict:
         "exit_s": time.monotonic() - start,
         "returncode": code,
         "running": [p for p in tree if running(p)],
-        "port_free": port_free(server.port),
+        "port": port_release(server.port),
     }
 
 
@@ -636,7 +630,7 @@ class TestCacheAwareRoutingServer(unittest.TestCase):
         print(f"controller killed: {k}")
         self.assertEqual(len(self.sockets["small_pool"]), 2)
         self.assertEqual(k["running"], [], k)
-        self.assertTrue(k["port_free"], k)
+        self.assertTrue(k["port"]["free"], k)
         self.assertEqual(self.left["small_pool"], [])
 
 

@@ -55,7 +55,7 @@ from harness.live_server import (
     LiveServer,
     assert_all_gone,
     greedy,
-    port_is_free,
+    port_release,
 )
 
 register_cpu_ci(est_time=420, suite="base-b-test-cpu")
@@ -153,7 +153,7 @@ def serve(model, name, env):
             out["fault"] = kill_during_streams(
                 server.base_url, server.pids(), victim, FAULT_TOKENS
             )
-            out["fault"]["port_free"] = port_is_free(server.port)
+            out["fault"]["port"] = port_release(server.port)
     except Exception as exc:
         raise RuntimeError(f"{model} {name}: {exc}\n{server.log_tail()}") from exc
     finally:
@@ -281,7 +281,7 @@ class TestRankShardServerMLA(RankShardServerChecks, unittest.TestCase):
         self.assertLess(fault["clients_s"], FAULT_BOUND_S, fault)
         self.assertEqual(fault["left"], [], fault)
         self.assertIsNotNone(fault["tree_s"], fault)
-        self.assertTrue(fault["port_free"], fault)
+        self.assertTrue(fault["port"]["free"], fault)
 
 
 class TestRankShardServerDSA(RankShardServerChecks, unittest.TestCase):
