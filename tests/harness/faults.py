@@ -21,8 +21,9 @@ import signal
 import threading
 import time
 
-import psutil
 import requests
+
+from harness.live_server import wait_gone
 
 FIRST_EVENT_TIMEOUT_S = 120.0
 
@@ -116,24 +117,6 @@ class Streams:
             )
             for o in self.outcomes
         ]
-
-
-def wait_gone(pids: list[int], timeout: float) -> list[int]:
-    """Wait until every PID has exited (zombies count as gone); returns the
-    ones still running at the timeout."""
-
-    def running(pid):
-        try:
-            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
-
-    deadline = time.monotonic() + timeout
-    alive = [p for p in pids if running(p)]
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.1)
-        alive = [p for p in alive if running(p)]
-    return alive
 
 
 def kill_during_streams(

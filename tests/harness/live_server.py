@@ -249,8 +249,9 @@ def port_release(port: int, within: float = PORT_RELEASE_S) -> dict:
         time.sleep(0.2)
 
 
-def assert_all_gone(pids: list[int], timeout: float = 30.0) -> None:
-    """Every PID of a stopped server's tree has exited (no orphan left)."""
+def wait_gone(pids: list[int], timeout: float) -> list[int]:
+    """Waits until every PID has exited (zombies count as gone); returns the
+    ones still running at the timeout."""
     import psutil
 
     def running(pid):
@@ -262,8 +263,14 @@ def assert_all_gone(pids: list[int], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     alive = [p for p in pids if running(p)]
     while alive and time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.1)
         alive = [p for p in alive if running(p)]
+    return alive
+
+
+def assert_all_gone(pids: list[int], timeout: float = 30.0) -> None:
+    """Every PID of a stopped server's tree has exited (no orphan left)."""
+    alive = wait_gone(pids, timeout)
     assert not alive, f"processes left behind: {alive}"
 
 

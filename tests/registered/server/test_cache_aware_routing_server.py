@@ -42,6 +42,7 @@ from harness.live_server import (
     assert_all_gone,
     greedy,
     port_release,
+    wait_gone,
 )
 from harness.live_workloads import conversations, hit_rate, run_conversations
 
@@ -396,20 +397,10 @@ def kill_controller(server) -> dict:
     start = time.monotonic()
     os.kill(controller_pid(server), signal.SIGKILL)
     code = server.proc.wait(timeout=180)
-
-    def running(pid):
-        try:
-            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
-
-    deadline = time.monotonic() + 30
-    while any(running(p) for p in tree) and time.monotonic() < deadline:
-        time.sleep(0.2)
     return {
         "exit_s": time.monotonic() - start,
         "returncode": code,
-        "running": [p for p in tree if running(p)],
+        "running": wait_gone(tree, 30),
         "port": port_release(server.port),
     }
 
