@@ -404,11 +404,23 @@ def _l3_stack(rank, world_size, seed_flag, storage_dir, policy, tree_core):
     )
 
 
-def _settle_storage(stack, ticks: int = 40) -> None:
+def _settle_storage(stack, ticks: int = 250) -> None:
+    """Polls the cache's events until no write-through, storage backup,
+    prefetch or load-back is in flight, at most ``ticks`` polls 20 ms apart.
+    Each of those is retired by counts all-reduced with MIN, so every rank
+    leaves the loop at the same poll (the same number of collectives)."""
     import time
 
+    cache = stack.cache
     for _ in range(ticks):
-        stack.cache.check_hicache_events()
+        cache.check_hicache_events()
+        if not (
+            cache.ongoing_write_through
+            or cache.ongoing_backup
+            or cache.ongoing_prefetch
+            or cache.ongoing_load_back
+        ):
+            return
         time.sleep(0.02)
 
 
@@ -485,7 +497,7 @@ def l3_two_phase(
     out["status"] = dr.hicache_restore_status.value
     out["seconds_to_outcome"] = time.perf_counter() - t0
     _finish_or_abort(stack, dr, cached, out)
-    _settle_storage(stack, 10)
+    _settle_storage(stack)
     out["host_lock_refs"] = _host_lock_refs(stack)
     return out
 

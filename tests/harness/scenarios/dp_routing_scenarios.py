@@ -276,7 +276,6 @@ def _dispatch_trace(method, dp_size=3, seed=0, n=40):
                         for _ in range(dp_size)
                     ],
                 )
-                time.sleep(0.001)
             tokens = [rng.randrange(32000) for _ in range(rng.randrange(1, 200))]
             req = make_req(f"r{i}", tokens, bootstrap_room=rng.randrange(1 << 30))
             landed.append(handle.dispatch(req))
@@ -449,7 +448,6 @@ def cache_aware_cases(rank, world_size):
         if not history:  # the crafted loads alone decide
             clear_dispatch_history(router)
         write_loads(handle.port_args, list(loads))
-        time.sleep(0.002)
         before = dict(router.stats)
         n[0] += 1
         landed = handle.dispatch(make_req(f"{case}-{n[0]}", tokens, **kwargs))
