@@ -28,6 +28,7 @@ from harness.live_server import (
     free_port,
     port_release,
     process_roles,
+    wait_gone,
 )
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -166,12 +167,7 @@ class TestServeCpu(unittest.TestCase):
             self.assertIn(o["state"], ("done", "error"), (o, output[-3000:]))
         # The launcher drains for at most its grace, then the rest is killed.
         self.assertLess(stopped_s, SERVE_STOP_GRACE_S + 15, output[-3000:])
-        deadline = time.monotonic() + 30
-        alive = tree
-        while alive and time.monotonic() < deadline:
-            alive = [p for p in tree if psutil.pid_exists(p) and not _zombie(p)]
-            time.sleep(0.5)
-        self.assertEqual(alive, [], "left behind after SIGTERM")
+        self.assertEqual(wait_gone(tree, 30), [], "left behind after SIGTERM")
 
 
 # 8 streams at once in the README server's 1024-token pool of 64-token DSA
@@ -209,13 +205,6 @@ def wait_healthy(proc, port, timeout):
             pass
         time.sleep(0.5)
     raise AssertionError(f"serve-cpu not healthy (exit code {proc.poll()})")
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 if __name__ == "__main__":

@@ -651,6 +651,9 @@ def pending_cases(rank, world_size, ttl=1.0):
     handle, sender, router = _crafted_controller(
         max_age=30.0, pending_ttl=ttl, **CREDIT_ON_DISPATCH
     )
+    # The router's clock: real time, advanced past the TTL for the expiry
+    # case instead of sleeping through it.
+    clock = router.clock = AdvancingClock()
     out = {"credit_on_landing": router.credit_on_landing}
     go, pending_sizes = _probes(handle, router, refresh_default=True)
 
@@ -679,12 +682,11 @@ def pending_cases(rank, world_size, ttl=1.0):
         write_loads(handle.port_args, [(0, 0, 0)] * dp)
         out["expiring"] = go("e0", q + _prompt(71, 4))
         out["before_ttl"] = go("e1", q + _prompt(72, 4))
-        time.sleep(ttl + 0.2)
+        clock.advance(ttl + 0.2)
         sender.republish()
         loads = [(0, 0, 0)] * dp
         loads[out["expiring"][0]] = (1, 0, 0)
         write_loads(handle.port_args, loads)
-        time.sleep(0.002)
         out["after_ttl"] = go("e2", q + _prompt(73, 4))
         # A restarted rank (new epoch) drops what was pending on it.
         restarted, _ = go("r0", _prompt(80, 48))
@@ -772,6 +774,19 @@ def clear_dispatch_history(router):
     router.load.clear_history(router.clock())
 
 
+class AdvancingClock:
+    """Monotonic time plus what the scenario has advanced it by."""
+
+    def __init__(self):
+        self.offset = 0.0
+
+    def __call__(self):
+        return time.monotonic() + self.offset
+
+    def advance(self, seconds):
+        self.offset += seconds
+
+
 class FakeClock:
     def __init__(self, now=1000.0):
         self.now = now
@@ -814,7 +829,6 @@ def stall_cases(rank, world_size, max_age=3.0):
     def go(case, tokens, publish=others, load_skip=(1,)):
         # Loads first: the digests' settle refreshes the budget and the stalls.
         write_loads(handle.port_args, loads, skip=load_skip)
-        time.sleep(0.002)
         for r in publish:
             sender.send(r, **sender.state[r])
         sender.settle()
