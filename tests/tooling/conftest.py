@@ -3,6 +3,7 @@ real download cache and unpacked upstream tree (never the real build/src)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib
 import os
 import shutil
@@ -67,3 +68,29 @@ def sandbox_env(tmp: Path, upstream_wheel: Path) -> dict:
 def sandbox(tmp_path, upstream_wheel):
     """A copy of patches/ and a fresh build dir; env for the scripts."""
     return tmp_path, sandbox_env(tmp_path, upstream_wheel)
+
+
+# The groups ``built_prs`` extracts, and the author it gives their patches.
+PR_GROUPS = ("hicache-rank-shard", "cache-aware-routing", "decode-hicache")
+PR_AUTHOR = "Jane Doe <jane@example.com>"
+
+
+@pytest.fixture(scope="session")
+def built_prs(tmp_path_factory, upstream_wheel):
+    """``make_pr.py <group>`` of each of ``PR_GROUPS`` once per session, in
+    one sandbox (``PR_AUTHOR`` set), for the tests that only read what it
+    writes; a test that changes patches/ or the build makes its own
+    (``sandbox``). Returns the sandbox and each group's process."""
+    tmp = tmp_path_factory.mktemp("built-prs")
+    env = {**sandbox_env(tmp, upstream_wheel), "PR_AUTHOR": PR_AUTHOR}
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        procs = pool.map(lambda g: run_script("make_pr.py", g, env=env), PR_GROUPS)
+        return tmp, dict(zip(PR_GROUPS, procs))
+
+
+def built_pr(built_prs, group: str) -> Path:
+    """build/pr/<group> of ``built_prs``, once its make_pr is known to have
+    passed."""
+    tmp, procs = built_prs
+    assert procs[group].returncode == 0, procs[group].stderr
+    return tmp / "build" / "pr" / group
