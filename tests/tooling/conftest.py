@@ -3,7 +3,6 @@ real download cache and unpacked upstream tree (never the real build/src)."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import importlib
 import os
 import shutil
@@ -70,27 +69,29 @@ def sandbox(tmp_path, upstream_wheel):
     return tmp_path, sandbox_env(tmp_path, upstream_wheel)
 
 
-# The groups ``built_prs`` extracts, and the author it gives their patches.
-PR_GROUPS = ("hicache-rank-shard", "cache-aware-routing", "decode-hicache")
+# The author ``built_prs`` gives the extracted patches.
 PR_AUTHOR = "Jane Doe <jane@example.com>"
+
+
+class BuiltPRs:
+    """``built_prs(group)``: build/pr/<group> made by ``make_pr.py <group>``
+    once per session (on first use), in one sandbox, ``PR_AUTHOR`` set."""
+
+    def __init__(self, tmp: Path, env: dict):
+        self.tmp, self.env, self.procs = tmp, env, {}
+
+    def __call__(self, group: str) -> Path:
+        if group not in self.procs:
+            self.procs[group] = run_script("make_pr.py", group, env=self.env)
+        proc = self.procs[group]
+        assert proc.returncode == 0, proc.stderr
+        return self.tmp / "build" / "pr" / group
 
 
 @pytest.fixture(scope="session")
 def built_prs(tmp_path_factory, upstream_wheel):
-    """``make_pr.py <group>`` of each of ``PR_GROUPS`` once per session, in
-    one sandbox (``PR_AUTHOR`` set), for the tests that only read what it
-    writes; a test that changes patches/ or the build makes its own
-    (``sandbox``). Returns the sandbox and each group's process."""
+    """The groups' PRs, each extracted once per session, for the tests that
+    only read what make_pr writes; a test that changes patches/ or the build
+    makes its own (``sandbox``)."""
     tmp = tmp_path_factory.mktemp("built-prs")
-    env = {**sandbox_env(tmp, upstream_wheel), "PR_AUTHOR": PR_AUTHOR}
-    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        procs = pool.map(lambda g: run_script("make_pr.py", g, env=env), PR_GROUPS)
-        return tmp, dict(zip(PR_GROUPS, procs))
-
-
-def built_pr(built_prs, group: str) -> Path:
-    """build/pr/<group> of ``built_prs``, once its make_pr is known to have
-    passed."""
-    tmp, procs = built_prs
-    assert procs[group].returncode == 0, procs[group].stderr
-    return tmp / "build" / "pr" / group
+    return BuiltPRs(tmp, {**sandbox_env(tmp, upstream_wheel), "PR_AUTHOR": PR_AUTHOR})

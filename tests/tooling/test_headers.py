@@ -4,7 +4,7 @@ that looks like a field."""
 
 import re
 
-from .conftest import ROOT, built_pr, import_scripts, run_script
+from .conftest import ROOT, import_scripts, run_script
 
 (headers,) = import_scripts("headers")
 
@@ -50,7 +50,7 @@ def test_prose_line_like_a_field_stays_in_its_paragraph():
 
 
 def test_pr_md_carries_whole_paragraphs(built_prs):
-    pr = (built_pr(built_prs, "decode-hicache") / "PR.md").read_text()
+    pr = (built_prs("decode-hicache") / "PR.md").read_text()
     for name in headers.read_series():
         if not name.startswith("decode-hicache/"):
             continue

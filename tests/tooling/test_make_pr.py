@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from .conftest import PR_AUTHOR, ROOT, built_pr, import_scripts, run_script
+from .conftest import PR_AUTHOR, ROOT, import_scripts, run_script
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from common import ToolError, group_needs  # noqa: E402
@@ -15,7 +15,7 @@ sys.path.remove(str(ROOT / "scripts"))
 
 
 def test_pr_md_benchmark_tables_come_from_the_committed_json(built_prs):
-    out = built_pr(built_prs, "cache-aware-routing")
+    out = built_prs("cache-aware-routing")
     pr = (out / "PR.md").read_text()
     for section in (
         "## Motivation",
@@ -51,7 +51,7 @@ def test_bad_author_is_refused_before_writing(sandbox):
 
 def test_every_group_gets_a_benchmark_section(built_prs):
     for group in ("hicache-rank-shard", "decode-hicache"):
-        pr = (built_pr(built_prs, group) / "PR.md").read_text()
+        pr = (built_prs(group) / "PR.md").read_text()
         bench = pr.split("## Benchmarking and Profiling")[1].split("## Checklist")[0]
         assert "results/" in bench and "|---|" in bench, group
 
@@ -79,7 +79,7 @@ def _apply_alone(tmp_path, patches):
 
 def test_each_group_applies_alone_at_its_recorded_lines(built_prs, tmp_path):
     for group in ("hicache-rank-shard", "cache-aware-routing", "decode-hicache"):
-        out = built_pr(built_prs, group)
+        out = built_prs(group)
         patches = sorted(out.glob("*.patch"))
         assert patches
         # a group stacked on fixes (its series "# needs:") gets them first
@@ -100,7 +100,7 @@ def test_decode_hicache_needs_the_host_span_lock_fix(built_prs, tmp_path):
     assert group_needs("decode-hicache") == [
         "fixes/0005-lock-the-host-backed-span-of-a-decode-prefix-match-u.patch"
     ]
-    patches = sorted(built_pr(built_prs, "decode-hicache").glob("*.patch"))
+    patches = sorted(built_prs("decode-hicache").glob("*.patch"))
     outputs = _apply_alone(tmp_path, patches)
     assert any(code != 0 for code, _ in outputs), outputs
 
