@@ -23,17 +23,25 @@ upstream) declares why: ``PASSES_ON_PRISTINE = "<reason>"``, and must pass.
 
 The pristine runs and the import checks are forked from a warm interpreter
 (``warm_python``) that has the third-party packages imported already; the
-test runs on the PR are fresh ``python3`` processes.
+test runs on the PR are fresh ``python3`` processes. Each run and check is a
+job that holds one slot while it runs (one per core, ``Slots``): the pristine
+runs use their own copy of the unpatched layout and overlap the prefix walk
+and the runs on the PR, which run side by side, the longest first.
+``PR_CHECK_SLOTS=<fifo>`` shares the slots among several pr_check processes
+(one byte per slot in the FIFO, as make's jobserver).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -148,11 +156,21 @@ IMPORT_TIMEOUT_S = 600
 def pr_check(
     feature: str, pristine_only: bool = False
 ) -> list[tuple[str, str, float, str]]:
-    out = make_pr(feature, os.environ.get("PR_AUTHOR") or None)
+    """The group's checks as jobs, each holding one of the machine's slots
+    (``Slots``) while it runs: the pristine runs (a copy of the layout that
+    no patch touches, ``<feature>@pristine``), the walk through the PR's
+    prefixes (each prefix's import check; a test that lands early runs on a
+    copy of its prefix, ``<feature>@NNNN``), then the lint and the runs on
+    the whole PR. The pristine runs overlap the walk and the runs on the PR,
+    so the cores stay busy; rows come back in that order."""
+    slots = Slots.from_env()
+    with slots.hold():
+        out = make_pr(feature, os.environ.get("PR_AUTHOR") or None)
     entries = [e for e in read_series() if e.startswith(feature + "/")]
-    layout = BUILD / "pr-check" / feature
-    if layout.exists():
-        shutil.rmtree(layout)
+    root = BUILD / "pr-check"
+    layout = root / feature
+    for old in [*root.glob(feature), *root.glob(f"{feature}@*")]:
+        shutil.rmtree(old)
     layout.mkdir(parents=True)
     env = layout_env(layout)
     copy_pristine(layout)
@@ -163,50 +181,127 @@ def pr_check(
     tests = sorted((layout / "test" / "registered").rglob("test_*.py"))
     if not tests:
         raise ToolError(f"the {feature} PR carries no test that runs upstream")
-    landing = {
-        layout / upstream_test_path(src): lands_with(src, entries)
-        for src in feature_tests(feature)
-    }
-    on_pristine = {
-        layout / upstream_test_path(src): passes_on_pristine(src)
-        for src in feature_tests(feature)
-    }
-    passing = {
-        layout / upstream_test_path(src): passing_tests_on_pristine(src)
-        for src in feature_tests(feature)
-    }
-    with WarmPython(PRISTINE_PRELOAD, sglang_path=layout / "python") as warm:
-        rows = [
-            run_pristine(
-                warm,
-                layout,
-                path,
-                env,
-                on_pristine.get(path),
-                base,
-                passing.get(path),
-                per_id=feature in PER_ID_GROUPS,
-            )
-            for path in tests
+    rel = {layout / upstream_test_path(src): src for src in feature_tests(feature)}
+    landing = {path: lands_with(src, entries) for path, src in rel.items()}
+    on_pristine = {path: passes_on_pristine(src) for path, src in rel.items()}
+    passing = {path: passing_tests_on_pristine(src) for path, src in rel.items()}
+    pristine = _snapshot(layout, root / f"{feature}@pristine")
+
+    def pristine_runs():
+        p_env = layout_env(pristine)
+        with _warm(slots, PRISTINE_PRELOAD, pristine / "python") as warm:
+            rows = []
+            for path in tests:
+                with slots.hold():
+                    rows.append(
+                        run_pristine(
+                            warm,
+                            pristine,
+                            pristine / path.relative_to(layout),
+                            p_env,
+                            on_pristine.get(path),
+                            base,
+                            passing.get(path),
+                            per_id=feature in PER_ID_GROUPS,
+                        )
+                    )
+            return rows
+
+    with concurrent.futures.ThreadPoolExecutor(2 * len(tests) + 2) as pool:
+        first = pool.submit(pristine_runs)
+        if pristine_only:
+            return first.result()
+        early = []
+        with _warm(slots, THIRD_PARTY, None) as warm:
+
+            def after_each(name: str, applied: list[Path]) -> None:
+                with slots.hold():
+                    import_check(warm, layout, env, touched_modules(applied), name)
+                if name == entries[-1]:  # the whole PR runs every test below
+                    return
+                lands = [path for path in tests if landing.get(path) == name]
+                if lands:
+                    prefix = Path(name).name[:4]
+                    snap = _snapshot(layout, root / f"{feature}@{prefix}")
+                    for path in lands:
+                        early.append(
+                            pool.submit(
+                                slots.run,
+                                _run_test,
+                                snap,
+                                snap / path.relative_to(layout),
+                                layout_env(snap),
+                                f" (up to {prefix})",
+                            )
+                        )
+
+            apply_each(out, entries, layout, after_each)
+        lint = pool.submit(slots.run, _lint, out, entries, layout)
+        # the longest first (by its registered estimate): none left alone at the end
+        longest = sorted(
+            tests, key=lambda p: -float(cpu_registration(p).get("est_time", 60))
+        )
+        whole = {p: pool.submit(slots.run, _run_test, layout, p, env) for p in longest}
+        return [
+            *first.result(),
+            *(f.result() for f in early),
+            lint.result(),
+            *(whole[p].result() for p in tests),
         ]
-    if pristine_only:
-        return rows
 
-    with WarmPython() as warm:
 
-        def after_each(name: str, applied: list[Path]) -> None:
-            import_check(warm, layout, env, touched_modules(applied), name)
-            if name != entries[-1]:  # the whole PR runs every test below
-                prefix = Path(name).name[:4]
-                for path in tests:
-                    if landing.get(path) == name:
-                        rows.append(_run_test(layout, path, env, f" (up to {prefix})"))
+def _snapshot(layout: Path, dest: Path) -> Path:
+    """A copy of the layout as it is now (its python/ and test/), for runs
+    that must see this state while the layout moves on."""
+    for part in ("python", "test"):
+        shutil.copytree(layout / part, dest / part, symlinks=True)
+    return dest
 
-        apply_each(out, entries, layout, after_each)
-    rows.append(_lint(out, entries, layout))
-    for path in tests:
-        rows.append(_run_test(layout, path, env))
-    return rows
+
+@contextlib.contextmanager
+def _warm(slots: "Slots", preload, sglang_path: Path | None):
+    """A warm interpreter, started while holding a slot (its imports are
+    the costly part); idle, it holds none."""
+    warm = WarmPython(preload, sglang_path=sglang_path)
+    with slots.hold():
+        warm.__enter__()
+    try:
+        yield warm
+    finally:
+        warm.__exit__(None, None, None)
+
+
+class Slots:
+    """At most N checks at once: an in-process semaphore of the machine's
+    cores, or, when ``PR_CHECK_SLOTS`` names a FIFO holding one byte per slot
+    (as make's jobserver), the slots shared by every pr_check process that
+    uses it (the tooling test runs the four groups at once this way)."""
+
+    def __init__(self, fifo: str | None = None):
+        self.fd = os.open(fifo, os.O_RDWR) if fifo else None
+        self.sem = threading.Semaphore(os.cpu_count() or 1) if not fifo else None
+
+    @classmethod
+    def from_env(cls) -> "Slots":
+        return cls(os.environ.get("PR_CHECK_SLOTS") or None)
+
+    @contextlib.contextmanager
+    def hold(self):
+        if self.sem is not None:
+            with self.sem:
+                yield
+            return
+        token = os.read(self.fd, 1)
+        if not token:
+            raise ToolError("PR_CHECK_SLOTS: the slot FIFO was closed")
+        try:
+            yield
+        finally:
+            os.write(self.fd, token)
+
+    def run(self, fn, *args):
+        with self.hold():
+            return fn(*args)
 
 
 LINT = "lint"  # the suite column of the lint row
@@ -326,7 +421,31 @@ def run_pristine(
     return row
 
 
+class _WholeLines:
+    """A stream that writes each thread's output a whole line at a time, so
+    that the rows of jobs running at once do not interleave mid-line."""
+
+    def __init__(self, stream):
+        self.stream, self.lock, self.local = stream, threading.Lock(), threading.local()
+
+    def write(self, text: str) -> int:
+        pending = getattr(self.local, "pending", "") + text
+        done, sep, self.local.pending = pending.rpartition("\n")
+        if sep:
+            with self.lock:
+                self.stream.write(done + "\n")
+                self.stream.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
 def main() -> None:
+    sys.stdout, sys.stderr = _WholeLines(sys.stdout), _WholeLines(sys.stderr)
     args = sys.argv[1:]
     pristine_only = "--pristine-only" in args
     args = [a for a in args if a != "--pristine-only"]

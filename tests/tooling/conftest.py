@@ -67,3 +67,31 @@ def sandbox_env(tmp: Path, upstream_wheel: Path) -> dict:
 def sandbox(tmp_path, upstream_wheel):
     """A copy of patches/ and a fresh build dir; env for the scripts."""
     return tmp_path, sandbox_env(tmp_path, upstream_wheel)
+
+
+# The author ``built_prs`` gives the extracted patches.
+PR_AUTHOR = "Jane Doe <jane@example.com>"
+
+
+class BuiltPRs:
+    """``built_prs(group)``: build/pr/<group> made by ``make_pr.py <group>``
+    once per session (on first use), in one sandbox, ``PR_AUTHOR`` set."""
+
+    def __init__(self, tmp: Path, env: dict):
+        self.tmp, self.env, self.procs = tmp, env, {}
+
+    def __call__(self, group: str) -> Path:
+        if group not in self.procs:
+            self.procs[group] = run_script("make_pr.py", group, env=self.env)
+        proc = self.procs[group]
+        assert proc.returncode == 0, proc.stderr
+        return self.tmp / "build" / "pr" / group
+
+
+@pytest.fixture(scope="session")
+def built_prs(tmp_path_factory, upstream_wheel):
+    """The groups' PRs, each extracted once per session, for the tests that
+    only read what make_pr writes; a test that changes patches/ or the build
+    makes its own (``sandbox``)."""
+    tmp = tmp_path_factory.mktemp("built-prs")
+    return BuiltPRs(tmp, {**sandbox_env(tmp, upstream_wheel), "PR_AUTHOR": PR_AUTHOR})

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from .conftest import ROOT, import_scripts, run_script
+from .conftest import PR_AUTHOR, ROOT, import_scripts, run_script
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from common import ToolError, group_needs  # noqa: E402
@@ -14,15 +14,8 @@ from common import ToolError, group_needs  # noqa: E402
 sys.path.remove(str(ROOT / "scripts"))
 
 
-def test_pr_md_benchmark_tables_come_from_the_committed_json(sandbox):
-    tmp, env = sandbox
-    proc = run_script(
-        "make_pr.py",
-        "cache-aware-routing",
-        env={**env, "PR_AUTHOR": "Jane Doe <jane@example.com>"},
-    )
-    assert proc.returncode == 0, proc.stderr
-    out = tmp / "build" / "pr" / "cache-aware-routing"
+def test_pr_md_benchmark_tables_come_from_the_committed_json(built_prs):
+    out = built_prs("cache-aware-routing")
     pr = (out / "PR.md").read_text()
     for section in (
         "## Motivation",
@@ -44,7 +37,7 @@ def test_pr_md_benchmark_tables_come_from_the_committed_json(sandbox):
         assert row in pr and split in pr, row
     assert "#26066" in pr  # the routing motivation answers upstream's position
     for patch in out.glob("*.patch"):
-        assert patch.read_text().splitlines()[1] == "From: Jane Doe <jane@example.com>"
+        assert patch.read_text().splitlines()[1] == f"From: {PR_AUTHOR}"
 
 
 def test_bad_author_is_refused_before_writing(sandbox):
@@ -56,12 +49,9 @@ def test_bad_author_is_refused_before_writing(sandbox):
     assert not (tmp / "build" / "pr" / "decode-hicache").exists()
 
 
-def test_every_group_gets_a_benchmark_section(sandbox):
-    tmp, env = sandbox
+def test_every_group_gets_a_benchmark_section(built_prs):
     for group in ("hicache-rank-shard", "decode-hicache"):
-        proc = run_script("make_pr.py", group, env=env)
-        assert proc.returncode == 0, proc.stderr
-        pr = (tmp / "build" / "pr" / group / "PR.md").read_text()
+        pr = (built_prs(group) / "PR.md").read_text()
         bench = pr.split("## Benchmarking and Profiling")[1].split("## Checklist")[0]
         assert "results/" in bench and "|---|" in bench, group
 
@@ -87,12 +77,9 @@ def _apply_alone(tmp_path, patches):
     return outputs
 
 
-def test_each_group_applies_alone_at_its_recorded_lines(sandbox, tmp_path):
-    tmp, env = sandbox
+def test_each_group_applies_alone_at_its_recorded_lines(built_prs, tmp_path):
     for group in ("hicache-rank-shard", "cache-aware-routing", "decode-hicache"):
-        proc = run_script("make_pr.py", group, env=env)
-        assert proc.returncode == 0, proc.stderr
-        out = tmp / "build" / "pr" / group
+        out = built_prs(group)
         patches = sorted(out.glob("*.patch"))
         assert patches
         # a group stacked on fixes (its series "# needs:") gets them first
@@ -107,16 +94,13 @@ def test_each_group_applies_alone_at_its_recorded_lines(sandbox, tmp_path):
             )
 
 
-def test_decode_hicache_needs_the_host_span_lock_fix(sandbox, tmp_path):
+def test_decode_hicache_needs_the_host_span_lock_fix(built_prs, tmp_path):
     # Negative control of the stacking: without the fix it builds on, the
     # decode group does not apply to pristine 0.5.23.
-    tmp, env = sandbox
     assert group_needs("decode-hicache") == [
         "fixes/0005-lock-the-host-backed-span-of-a-decode-prefix-match-u.patch"
     ]
-    proc = run_script("make_pr.py", "decode-hicache", env=env)
-    assert proc.returncode == 0, proc.stderr
-    patches = sorted((tmp / "build" / "pr" / "decode-hicache").glob("*.patch"))
+    patches = sorted(built_prs("decode-hicache").glob("*.patch"))
     outputs = _apply_alone(tmp_path, patches)
     assert any(code != 0 for code, _ in outputs), outputs
 

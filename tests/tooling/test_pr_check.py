@@ -6,14 +6,15 @@ module, or a suite upstream does not run, is refused."""
 
 import ast
 import concurrent.futures
+import os
 import re
 
 import pytest
 
 from .conftest import import_scripts, run_script, sandbox_env
 
-pr_check, pr_tests, warm_python, common = import_scripts(
-    "pr_check", "pr_tests", "warm_python", "common"
+pr_check, pr_tests, warm_python, common, make_pr = import_scripts(
+    "pr_check", "pr_tests", "warm_python", "common", "make_pr"
 )
 ToolError, read_series = common.ToolError, common.read_series
 group_needs = common.group_needs
@@ -31,24 +32,27 @@ def _project_imports(path):
     return [n for n in names if n.split(".")[0] in ("harness", "standins")]
 
 
-# Groups checked at once: most of a check is one interpreter importing
-# sglang or one test process, so two share the CI machine's two cores.
-CONCURRENT_CHECKS = 2
-
-
 @pytest.fixture(scope="module")
 def pr_check_runs(tmp_path_factory, upstream_wheel):
     """``pr_check.py <group>`` of every group in one sandbox (each group
-    writes only build/pr/<group> and build/pr-check/<group>), two at a time,
-    the longest first."""
+    writes only build/pr/<group> and build/pr-check/<group>[@...]), all at
+    once, their jobs sharing one slot per core (``PR_CHECK_SLOTS``, a FIFO
+    holding one byte per slot), so the cores stay busy to the end."""
     tmp = tmp_path_factory.mktemp("pr-check")
     env = sandbox_env(tmp, upstream_wheel)
-    longest_first = sorted(GROUPS, key=lambda g: -len(pr_tests.feature_tests(g)))
-    with concurrent.futures.ThreadPoolExecutor(CONCURRENT_CHECKS) as pool:
-        futures = {
-            g: pool.submit(run_script, "pr_check.py", g, env=env) for g in longest_first
-        }
-        return tmp, {g: f.result() for g, f in futures.items()}
+    slots = tmp / "slots"
+    os.mkfifo(slots)
+    fd = os.open(slots, os.O_RDWR)
+    os.write(fd, b"s" * (os.cpu_count() or 1))
+    env["PR_CHECK_SLOTS"] = str(slots)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(len(GROUPS)) as pool:
+            futures = {
+                g: pool.submit(run_script, "pr_check.py", g, env=env) for g in GROUPS
+            }
+            return tmp, {g: f.result() for g, f in futures.items()}
+    finally:
+        os.close(fd)
 
 
 @pytest.mark.parametrize("group", GROUPS)
@@ -82,15 +86,22 @@ def test_pr_tests_pass_upstream_style_on_the_pr_alone(pr_check_runs, group):
                 ("fails as required", "fails (not per test id")
             ), line
     # every prefix of the PR imported, in series order; a test that lands
-    # early ran on its prefix, right after that prefix's import check
+    # early ran after that prefix's import check, on a copy of the layout
+    # holding exactly that prefix
     lines = [l for l in proc.stdout.splitlines() if "imports after" in l or "pass" in l]
     prefixes = [re.search(r"imports after (\S+):", l) for l in lines]
     assert [m.group(1) for m in prefixes if m] == entries
     for test in early:
         name = pr_tests.lands_with(test, entries)
-        run = f"{test.name} (up to {name.split('/')[1][:4]})"
+        prefix = name.split("/")[1][:4]
+        run = f"{test.name} (up to {prefix})"
         at = next(i for i, l in enumerate(lines) if l.endswith(run))
-        assert f"imports after {name}:" in lines[at - 1], lines
+        imported = next(i for i, l in enumerate(lines) if f"imports after {name}:" in l)
+        assert imported < at, lines
+        snapshot = tmp / "build" / "pr-check" / f"{group}@{prefix}"
+        assert _tree_after(tmp, group, entries[: entries.index(name) + 1]) == (
+            _tree_after(tmp, group, entries, root=snapshot)
+        ), f"{snapshot} does not hold the PR up to {name}"
     layout = tmp / "build" / "pr-check" / group
     sglang = layout / "python" / "sglang"
     assert (sglang / "__init__.py").is_file()
@@ -100,6 +111,24 @@ def test_pr_tests_pass_upstream_style_on_the_pr_alone(pr_check_runs, group):
     for path in carried:
         assert not _project_imports(path), path
         assert "FEATURE_GROUP" not in path.read_text(), path
+
+
+def _tree_after(tmp, group, entries, root=None):
+    """The files the group's patches touch, as they are under ``root``'s
+    python/ (default: pristine 0.5.23 with the patches it is stacked on and
+    ``entries`` applied, laid out afresh from the sandbox's PR)."""
+    out = tmp / "build" / "pr" / group
+    if root is None:
+        root = tmp / "prefix" / f"{group}-{len(entries)}"
+        make_pr.lay_out(out, entries, root, group_needs(group))
+    touched = set()
+    for patch in out.glob("*.patch"):
+        touched |= set(re.findall(r"(?m)^\+\+\+ b/(\S+)$", patch.read_text()))
+    assert touched
+    return {
+        rel: (root / rel).read_bytes() if (root / rel).exists() else None
+        for rel in sorted(touched)
+    }
 
 
 def _fake_tests(tmp_path, monkeypatch, test_body):
@@ -308,3 +337,30 @@ def test_pristine_run_of_a_group_not_yet_held_per_id(tmp_path, cold_python):
     assert row[3] == "pass", row
     row = _pristine_row(tmp_path, cold_python, PRISTINE_BODIES["pass"], per_id=False)
     assert row[3] == "FAIL (passes without the PR)", row
+
+
+def test_slots_shared_through_a_fifo_bound_the_jobs_at_once(tmp_path):
+    # Two slots shared by three pr_check processes' views of one FIFO: two
+    # holders take both, a job that fails gives its slot back.
+    fifo = tmp_path / "slots"
+    os.mkfifo(fifo)
+    keep = os.open(fifo, os.O_RDWR)
+    probe = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    os.write(keep, b"ab")
+    views = [pr_check.Slots(str(fifo)) for _ in range(3)]
+    try:
+        with views[0].hold():
+            with pytest.raises(RuntimeError):
+                with views[1].hold():
+                    with pytest.raises(BlockingIOError):
+                        os.read(probe, 1)  # none left for views[2]
+                    raise RuntimeError("the job fails")
+            assert len(os.read(probe, 2)) == 1  # the failed job's slot is back
+            os.write(keep, b"b")
+            with views[2].hold():
+                with pytest.raises(BlockingIOError):
+                    os.read(probe, 1)
+        assert len(os.read(probe, 2)) == 2  # both back once their jobs end
+    finally:
+        for fd in (keep, probe):
+            os.close(fd)
