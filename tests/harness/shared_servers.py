@@ -100,7 +100,8 @@ def flush_cache(server: LiveServer) -> None:
 
 def _run_server(s: _Server) -> None:
     tree, extra_args, model, instance = s.key
-    label = "-".join(p for p in ("shared", tree, instance) if p)
+    named_model = model if model != "tiny-llama" else ""
+    label = "-".join(p for p in ("shared", tree, named_model, instance) if p)
     start = time.monotonic()
     try:
         with _STARTING:
