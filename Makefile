@@ -87,9 +87,11 @@ install: venv wheel
 	$(VENV)/bin/python -m pip install -q --no-deps --force-reinstall dist/sglang-*.whl
 
 # The tiny local models of the live tests and serve-cpu (build/tiny-llama,
-# build/tiny-mla: a DeepSeek-V3 with plain MLA, build/tiny-dsa: a DeepSeek-V3.2).
+# build/tiny-mla: a DeepSeek-V3 with plain MLA, build/tiny-dsa: a DeepSeek-V3.2,
+# build/tiny-llama-bos: tiny-llama whose tokenizer adds BOS).
 model: venv
 	$(VENV)/bin/python scripts/tiny_model.py tiny-llama
+	$(VENV)/bin/python scripts/tiny_model.py tiny-llama-bos
 	$(VENV)/bin/python scripts/tiny_model.py tiny-mla
 	$(VENV)/bin/python scripts/tiny_model.py tiny-dsa
 

@@ -279,6 +279,19 @@ CONTROLS = (
         what="the router indexes no host-tier chunk (live DP=2, small pool)",
     ),
     Control(
+        name="native-error-without-envelope",
+        level="full",
+        module="srt/entrypoints/http_server.py",
+        old='        {"error": {"message": str(e)}},\n',
+        new='        {"message": str(e)},  # negative control: no error envelope\n',
+        tests=(
+            R + "server/test_request_fuzz_server.py::TestRequestFuzzServer"
+            "::test_every_4xx_answer_has_its_routes_error_shape",
+        ),
+        expected=("keys ['message']",),
+        what="/generate answers a refused request without its error envelope",
+    ),
+    Control(
         name="serve-cpu-without-host-tier",
         level="full",
         module="srt/mem_cache/unified_radix_cache.py",

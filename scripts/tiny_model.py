@@ -49,8 +49,15 @@ def corpus(lines: int = 4000, seed: int = 0) -> list[str]:
     return out
 
 
-def build_tokenizer(out: Path) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def build_tokenizer(out: Path, add_bos: bool = False) -> None:
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token=None))
@@ -63,6 +70,11 @@ def build_tokenizer(out: Path) -> None:
         show_progress=False,
     )
     tok.train_from_iterator(corpus(), trainer=trainer)
+    if add_bos:  # as Llama's tokenizers do: every encoding starts with <s>
+        bos = tok.token_to_id("<s>")
+        tok.post_processor = processors.TemplateProcessing(
+            single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
+        )
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<s>",
@@ -177,7 +189,11 @@ MODELS = {
     "tiny-llama": (build_model, VERSION),
     "tiny-mla": (build_mla_model, "tiny-mla-v1"),
     "tiny-dsa": (build_dsa_model, "tiny-dsa-v1"),
+    # tiny-llama's weights; its tokenizer adds <s> to every prompt, so an
+    # empty text is one token (the other tiny models add no BOS).
+    "tiny-llama-bos": (build_model, "tiny-llama-bos-v1"),
 }
+ADDS_BOS = {"tiny-llama-bos"}
 
 
 def model_dir(name: str) -> Path:
@@ -192,7 +208,7 @@ def ensure(target: Path = DEFAULT_DIR, name: str = "tiny-llama") -> Path:
     tmp = target.with_name(target.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    build_tokenizer(tmp)
+    build_tokenizer(tmp, add_bos=name in ADDS_BOS)
     vocab = len(json.loads((tmp / "tokenizer.json").read_text())["model"]["vocab"])
     builder(tmp, max(vocab, 3))
     (tmp / ".stamp").write_text(version + "\n")
@@ -209,6 +225,6 @@ def ensure(target: Path = DEFAULT_DIR, name: str = "tiny-llama") -> Path:
 
 
 if __name__ == "__main__":
-    # python scripts/tiny_model.py [NAME]   (tiny-llama, tiny-mla, tiny-dsa)
+    # python scripts/tiny_model.py [NAME]   (a key of MODELS)
     name = sys.argv[1] if len(sys.argv) > 1 else "tiny-llama"
     print(ensure(model_dir(name), name))

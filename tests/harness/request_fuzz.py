@@ -14,7 +14,12 @@ tokens) are not drawn: they are load, not malformed input.
 ``run_cases`` sends each case, then a good request that must be served, and
 records what happened (with the case's answer time, ``s``); it stops at the
 first case after which the server no longer answers (``alive`` False), so a
-caller can restart and go on.
+caller can restart and go on. Given the server's process tree, it tells a
+death (the tree exits within ``DEATH_WAIT_S``) from a hang (the tree is still
+running then and the good request is still not served): ``outcome``.
+
+``error_shape(path, status, body)`` checks a 4xx body against the error JSON
+its route documents and returns its message.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import json
 import random
 import time
 
+import psutil
 import requests
 
 GOOD = {
@@ -62,6 +68,12 @@ def named_cases(vocab: int) -> dict[str, tuple[str, dict]]:
         "stop_id_negative": {
             "text": "page",
             "sampling_params": {**g, "stop_token_ids": [-3], "min_new_tokens": 1},
+        },
+        # Without min_new_tokens nothing masks the stop ids: upstream only
+        # compares the sampled token with them.
+        "stop_id_past_vocab_without_min_new_tokens": {
+            "text": "page",
+            "sampling_params": {**g, "stop_token_ids": [vocab + 5]},
         },
         "logit_bias_past_vocab": {
             "text": "page",
@@ -115,7 +127,7 @@ def named_cases(vocab: int) -> dict[str, tuple[str, dict]]:
         "sampling_params_list": {"text": "page", "sampling_params": []},
         "lora_unknown": {"text": "page", "lora_path": "nope", "sampling_params": g},
         # Past the scheduler's tensor widths, and request shapes that used to
-        # be answered 500 (fixes/0007, fixes/0008).
+        # be answered 500 (fixes/0009, fixes/0010).
         "top_k_past_int32": {
             "text": "page",
             "sampling_params": {"max_new_tokens": 2, "top_k": 10**10},
@@ -329,14 +341,57 @@ def _post(base_url, path, body, timeout):
     )
 
 
-def run_cases(base_url: str, cases: dict, timeout: float = 60.0) -> list[dict]:
+# A scheduler that dies takes the tree down after 0.5.23's crash path: the
+# py-spy dump attempt and a 60 s wait for CUDA coredumps nobody triggered
+# (fixes/0012 drops that wait); twice that bounds a death.
+DEATH_WAIT_S = 150.0
+HANG_PROBE_S = 10.0
+
+
+def _serves(base_url: str, timeout: float) -> bool:
+    try:
+        good = _post(base_url, "/generate", GOOD, timeout)
+        return good.status_code == 200 and len(good.json()["output_ids"]) > 0
+    except (requests.RequestException, ValueError, KeyError):
+        return False
+
+
+def _tree_exits(pids: list[int], within: float) -> bool:
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=within)
+
+    def running(p):
+        try:
+            return p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    return not any(running(p) for p in alive)
+
+
+def run_cases(
+    base_url: str,
+    cases: dict,
+    timeout: float = 60.0,
+    tree_pids=None,
+) -> list[dict]:
     """``GOOD`` (the server serves, and its prompt is cached), then each case
-    followed by ``GOOD``; ``[{name, status, body, alive, s}]`` up to and including
-    the first case after which the server did not serve ``GOOD``."""
+    followed by ``GOOD``; ``[{name, status, body, alive, s, outcome}]`` up to
+    and including the first case after which the server did not serve
+    ``GOOD``. ``outcome``: ``served`` (alive), else, given ``tree_pids`` (a
+    callable returning the server's process tree), ``died`` (the tree exited
+    within ``DEATH_WAIT_S`` of the case, ``exit_s`` after it) or ``hung``
+    (still running then, and ``GOOD`` still not served); ``down`` without."""
     first = _post(base_url, "/generate", GOOD, timeout)
     assert first.status_code == 200, first.text[:500]
     out = []
     for name, (path, body) in cases.items():
+        pids = tree_pids() if tree_pids else []
         start = time.monotonic()
         try:
             resp = _post(base_url, path, body, timeout)
@@ -344,14 +399,73 @@ def run_cases(base_url: str, cases: dict, timeout: float = 60.0) -> list[dict]:
         except requests.RequestException as exc:
             status, text = None, f"{type(exc).__name__}: {exc}"
         elapsed = time.monotonic() - start
-        try:
-            good = _post(base_url, "/generate", GOOD, timeout)
-            alive = good.status_code == 200 and len(good.json()["output_ids"]) > 0
-        except requests.RequestException:
-            alive = False
-        out.append(
-            dict(name=name, status=status, body=text[:2000], alive=alive, s=elapsed)
+        alive = _serves(base_url, timeout)
+        record = dict(
+            name=name,
+            status=status,
+            body=text[:100_000],
+            alive=alive,
+            s=elapsed,
+            outcome="served" if alive else "down",
         )
+        if not alive and tree_pids:
+            left = DEATH_WAIT_S - (time.monotonic() - start)
+            if _tree_exits(pids, max(left, 0.0)):
+                record.update(outcome="died", exit_s=time.monotonic() - start)
+            elif not _serves(base_url, HANG_PROBE_S):
+                record.update(outcome="hung")
+            else:  # it came back: neither; the caller's assertion names it
+                record.update(outcome="recovered")
+        out.append(record)
         if not alive:
             break
     return out
+
+
+# The error JSON each route documents (0.5.23's http_server and OpenAI
+# serving_base): a ValueError on a native route is {"error": {"message"}}
+# (http_server._create_error_response); a /generate body its schema contract
+# refuses (api_contract.generate_contract_error, a wrong type in a field) is
+# {"error": "<violation>"}; a request FastAPI refuses before the route (a
+# body that does not parse or validate), and every OpenAI error, is the flat
+# ErrorResponse {"object": "error", "message", "type", "param", "code"} with
+# ``code`` the status.
+NATIVE_ROUTES = ("/generate",)
+OPENAI_ROUTES = ("/v1/completions", "/v1/chat/completions")
+_FLAT_KEYS = {"object", "message", "type", "param", "code"}
+
+
+def error_shape(path: str, status: int, body: str) -> str:
+    """The message of a 4xx ``body`` on ``path``; raises AssertionError naming
+    what does not fit the route's documented error JSON."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        raise AssertionError(f"{path} {status}: not JSON: {body[:200]!r}")
+    if not isinstance(data, dict):
+        raise AssertionError(f"{path} {status}: not an object: {body[:200]!r}")
+    if path in NATIVE_ROUTES and set(data) == {"error"}:
+        err = data["error"]
+        if isinstance(err, str):  # /generate's contract check (api_contract)
+            message = err
+        elif isinstance(err, dict) and set(err) == {"message"}:
+            message = err["message"]
+        else:
+            raise AssertionError(f"{path} {status}: error is not {{message}}: {err}")
+    elif path in NATIVE_ROUTES + OPENAI_ROUTES:
+        if set(data) != _FLAT_KEYS:
+            raise AssertionError(
+                f"{path} {status}: keys {sorted(data)}, not {sorted(_FLAT_KEYS)}"
+            )
+        if data["object"] != "error" or data["code"] != status:
+            raise AssertionError(
+                f"{path} {status}: object {data['object']!r}, code {data['code']!r}"
+            )
+        if not isinstance(data["type"], str) or not data["type"]:
+            raise AssertionError(f"{path} {status}: no error type: {data}")
+        message = data["message"]
+    else:
+        raise AssertionError(f"no documented error shape for {path}")
+    if not isinstance(message, str) or not message.strip():
+        raise AssertionError(f"{path} {status}: empty message: {body[:200]!r}")
+    return message

@@ -1,6 +1,8 @@
 """The patched wheel as a drop-in server: a real ``sglang serve`` over HTTP.
 
-Three servers of the tiny local model on CPU, one after the other:
+Three servers of the tiny local model on CPU, started together
+(``harness.shared_servers``: the plain pristine and patched servers are the
+ones the request fuzz uses too, when both files run in one session):
 pristine upstream 0.5.23 and the patched wheel with every feature off run the
 same greedy workload (identical output token ids and ``cached_tokens`` per
 request, and the same answers to bad requests, after which a good request is
@@ -14,7 +16,8 @@ import unittest
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from harness.live_server import HICACHE_ARGS, LiveServer, assert_all_gone, greedy
+from harness import shared_servers
+from harness.live_server import HICACHE_ARGS, greedy
 
 register_cpu_ci(est_time=300, suite="base-b-test-cpu")
 FEATURE_GROUP = "series"  # the series group it tests (or "series")
@@ -94,39 +97,40 @@ def run_bad_requests(server):
     return out
 
 
+def plain(server):
+    return dict(
+        parity=run_greedy(server, parity_prompts()),
+        bad=run_bad_requests(server),
+        eviction=run_greedy(server, eviction_prompts()),
+    )
+
+
+HICACHE_SERVER_ARGS = HICACHE_ARGS + [
+    "--hicache-ratio",
+    "4",
+    "--max-total-tokens",
+    "1024",
+]
+SERVERS = {
+    "upstream": shared_servers.work("upstream", name="drop-in", fn=plain),
+    "patched": shared_servers.work("patched", name="drop-in", fn=plain),
+    "hicache": shared_servers.work(
+        "patched",
+        HICACHE_SERVER_ARGS,
+        name="drop-in",
+        fn=lambda s: run_greedy(s, eviction_prompts()),
+    ),
+}
+
+
 class TestDropInServer(unittest.TestCase):
     runs: dict = {}
-    logs: dict = {}
-
-    @classmethod
-    def _serve(cls, name, tree, extra, work):
-        server = LiveServer(tree, extra, name=name)
-        try:
-            cls.runs[name] = work(server)
-        except Exception as exc:
-            raise RuntimeError(f"{name}: {exc}\n{server.log_tail()}") from exc
-        finally:
-            cls.logs[name] = str(server.logdir)
-            pids = server.stop()
-        assert_all_gone(pids)
 
     @classmethod
     def setUpClass(cls):
-        def plain(server):
-            return dict(
-                parity=run_greedy(server, parity_prompts()),
-                bad=run_bad_requests(server),
-                eviction=run_greedy(server, eviction_prompts()),
-            )
-
-        cls._serve("upstream", "upstream", [], plain)
-        cls._serve("patched", "patched", [], plain)
-        cls._serve(
-            "hicache",
-            "patched",
-            HICACHE_ARGS + ["--hicache-ratio", "4", "--max-total-tokens", "1024"],
-            lambda s: run_greedy(s, eviction_prompts()),
-        )
+        cls.runs = {
+            name: shared_servers.result(k, "drop-in") for name, k in SERVERS.items()
+        }
 
     def test_patched_matches_upstream(self):
         up, ours = self.runs["upstream"]["parity"], self.runs["patched"]["parity"]
