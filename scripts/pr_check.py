@@ -59,11 +59,6 @@ from pr_tests import (
 )
 from warm_python import THIRD_PARTY, WarmPython
 
-# The groups whose PR tests are held to the per-test-id pristine rule (each
-# id fails there by its own assertion); the others still fail file by file,
-# their other ids listed, until their tests are rewritten to meet it.
-PER_ID_GROUPS = ("fixes",)
-
 # A test's time limit: its registered estimate times this, at least the floor
 # (the estimate is for upstream's CI machines; ours may be slower and busy).
 TIMEOUT_FACTOR = 6
@@ -202,7 +197,6 @@ def pr_check(
                             on_pristine.get(path),
                             base,
                             passing.get(path),
-                            per_id=feature in PER_ID_GROUPS,
                         )
                     )
             return rows
@@ -359,15 +353,12 @@ def run_pristine(
     reason: str | None,
     base: str = "pristine 0.5.23",
     passing_tests: dict | None = None,
-    per_id: bool = True,
 ):
     """The test on the pristine release (no patch of the PR applied yet; a PR
     stacked on fixes has those), forked from ``warm`` as ``python3 <test>`` in
     its folder: each test id must fail by assertion, but those it declares
     to pass (``PASSES_ON_PRISTINE_TESTS``), or the whole file must pass when
-    it declares why it passes without the PR (``PASSES_ON_PRISTINE``).
-    Without ``per_id`` (a group not yet held to that rule) a failing file
-    passes the check and the ids that did not fail by assertion are listed."""
+    it declares why it passes without the PR (``PASSES_ON_PRISTINE``)."""
     declared = passing_tests or {}
     rel = str(path.relative_to(layout)) + f" ({base})"
     reg = cpu_registration(path)
@@ -395,13 +386,11 @@ def run_pristine(
         )
         if passed and not declared:
             result = "FAIL (passes without the PR)"
-        elif others and per_id:
-            result = f"FAIL (not by assertion: {listed})"
         elif others:
-            result = f"fails (not per test id: {listed})"
+            result = f"FAIL (not by assertion: {listed})"
         else:
             result = "fails as required"
-        ok = code is not None and (not others if per_id else not passed)
+        ok = code is not None and not others
     else:
         result = (
             f"passes: {reason}" if passed else f"FAIL (declared to pass: {outcome})"

@@ -11,12 +11,43 @@ benchmark's Dynamo cost reads).
 
 from __future__ import annotations
 
+import argparse
+import functools
 import hashlib
 import sys
 from array import array
 from typing import Container, Optional, Sequence
 
 UPSTREAM_TEST_MODULE = "sglang.test.dp_routing_fixtures"
+
+
+@functools.cache
+def _server_args_parser():
+    """The real ServerArgs command line (argument errors raise, not exit)."""
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    ServerArgs.add_cli_args(parser)
+    return parser
+
+
+def require_cache_aware_routing() -> None:
+    """The first check of every cache-aware routing PR test, made before any
+    of the PR's modules is imported: ``--load-balance-method cache_aware``
+    parses on the real ServerArgs parser. Without the PR it fails by this
+    assertion, not by an import error."""
+    parser = _server_args_parser()
+    argv = ["--model-path", "dummy", "--load-balance-method", "cache_aware"]
+    try:
+        method = parser.parse_args(argv).load_balance_method
+    except argparse.ArgumentError as e:
+        method = f"refused: {e}"
+    if method != "cache_aware":
+        raise AssertionError(
+            f"--load-balance-method cache_aware does not parse ({method}): "
+            "the cache-aware routing PR is missing"
+        )
+
 
 # Token ids at or above this value use the native wide-page encoding.
 _U32_LIMIT = 1 << 32

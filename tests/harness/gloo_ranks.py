@@ -7,6 +7,13 @@ with its traceback and the tail of its output; ranks still running at the
 timeout, or whose peer failed (they may block in a collective forever), are
 killed and the error names them. ``fn`` must be a module-level function.
 
+A run whose failed ranks all failed a check of the test (an
+``AssertionError`` in the rank) raises ``RankAssertionError``, a
+``RankFailure`` that is also an ``AssertionError``: the test id fails by its
+own assertion, as if it were made in the test. Any other exception of a rank,
+a rank that dies without a result, or a timeout raises a plain
+``RankFailure`` (an error of the test, not its failure).
+
 The ranks are forked by multiprocessing's fork server, which imports
 ``PRELOAD`` (sglang's scheduler stack) once per process that runs ranks, so a
 run costs its own work rather than an import of sglang per rank; each rank is
@@ -50,6 +57,11 @@ class RankFailure(RuntimeError):
     pass
 
 
+class RankAssertionError(RankFailure, AssertionError):
+    """Every failed rank raised an ``AssertionError``: the test's own check
+    failed in a rank."""
+
+
 def _die_with_parent() -> None:
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -84,6 +96,8 @@ def rank_body(fn, rank, world_size, args, kwargs, env, backend, tmp) -> int:
         except Exception:
             pass
         ok = True
+    except AssertionError:
+        payload = ("assertion", traceback.format_exc())
     except BaseException:
         payload = ("error", traceback.format_exc())
     try:
@@ -113,7 +127,7 @@ def collect(tmp: str, world_size: int, timeout: float, reap, kill) -> list:
     """The ranks' results in rank order. ``reap()`` returns the (rank, exit
     status) of ranks that ended since its last call, without blocking;
     ``kill()`` kills and reaps the ranks still running and returns them."""
-    out, errors = {}, {}
+    out, errors, assertions = {}, {}, set()
     deadline = time.monotonic() + timeout
     while len(out) + len(errors) < world_size and not errors:
         if time.monotonic() > deadline:
@@ -130,13 +144,16 @@ def collect(tmp: str, world_size: int, timeout: float, reap, kill) -> list:
             if kind == "ok":
                 out[rank] = payload
             else:
+                if kind == "assertion":
+                    assertions.add(rank)
                 errors[rank] = f"{payload}\n--- rank {rank} output ---\n" + _log_tail(
                     tmp, rank
                 )
     stragglers = sorted(kill())
     if errors:
         first = min(errors)
-        raise RankFailure(
+        failure = RankAssertionError if assertions == set(errors) else RankFailure
+        raise failure(
             f"rank {first} failed (of {world_size}; failed ranks {sorted(errors)}, "
             f"killed {stragglers}):\n{errors[first]}"
         )

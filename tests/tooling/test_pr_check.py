@@ -79,12 +79,8 @@ def test_pr_tests_pass_upstream_style_on_the_pr_alone(pr_check_runs, group):
         reason = pr_tests.passes_on_pristine(test)
         if reason:
             assert line.startswith(f"passes: {reason}"), line
-        elif group in pr_check.PER_ID_GROUPS:
+        else:
             assert line.startswith("fails as required"), line
-        else:  # not yet held to the per-id rule: its other ids are listed
-            assert line.startswith(
-                ("fails as required", "fails (not per test id")
-            ), line
     # every prefix of the PR imported, in series order; a test that lands
     # early ran after that prefix's import check, on a copy of the layout
     # holding exactly that prefix
@@ -272,6 +268,16 @@ PRISTINE_BODIES = {
         "def test_a(self):\n"
         "        raise ExceptionGroup('two', [AssertionError('a'), TypeError('b')])\n"
     ),
+    # a module fixture's assertion (a PR's precondition) stops every test
+    "module_fixture": (
+        "def setUpModule():\n    raise AssertionError('the PR is missing')\n",
+        "def test_a(self):\n        pass\n",
+    ),
+    # ... but its other exceptions do not count
+    "module_fixture_error": (
+        "def setUpModule():\n    import sglang_no_such_module\n",
+        "def test_a(self):\n        pass\n",
+    ),
     # a class fixture's assertion stops its tests
     "fixture": (
         "@classmethod\n    def setUpClass(cls):\n        assert False, 'no server'\n"
@@ -280,18 +286,20 @@ PRISTINE_BODIES = {
 }
 
 
-def _pristine_row(tmp_path, cold_python, body, reason=None, passing=None, per_id=True):
+def _pristine_row(tmp_path, cold_python, body, reason=None, passing=None):
+    module, body = body if isinstance(body, tuple) else ("", body)
     test = tmp_path / "test" / "test_x.py"
     test.parent.mkdir(exist_ok=True)
     test.write_text(
         "import unittest\n\n\ndef register_cpu_ci(**kwargs):\n    pass\n\n\n"
         'register_cpu_ci(est_time=5, suite="base-a-test-cpu")\n\n\n'
+        f"{module}\n\n"
         f"class T(unittest.TestCase):\n    {body}\n\n"
         'if __name__ == "__main__":\n    unittest.main()\n'
     )
     env = pr_check.layout_env(tmp_path)
     return pr_check.run_pristine(
-        cold_python, tmp_path, test, env, reason, passing_tests=passing, per_id=per_id
+        cold_python, tmp_path, test, env, reason, passing_tests=passing
     )
 
 
@@ -309,6 +317,8 @@ def _pristine_row(tmp_path, cold_python, body, reason=None, passing=None, per_id
         ("group", None, None, True),
         ("group_with_error", None, None, False),
         ("fixture", None, None, True),
+        ("module_fixture", None, None, True),
+        ("module_fixture_error", None, None, False),
         ("pass", "flag-off comparison", None, True),
         ("assertion", "flag-off comparison", None, False),  # declared to pass
     ],
@@ -328,15 +338,6 @@ def test_pristine_run_of_a_file_that_does_not_import(tmp_path, cold_python):
     env = pr_check.layout_env(tmp_path)
     row = pr_check.run_pristine(cold_python, tmp_path, test, env, None)
     assert row[3].startswith("FAIL (not by assertion: <file>: no test ran"), row
-
-
-def test_pristine_run_of_a_group_not_yet_held_per_id(tmp_path, cold_python):
-    # A failing file passes the check; its ids that did not fail by assertion
-    # are listed. A file that passes still fails the check.
-    row = _pristine_row(tmp_path, cold_python, PRISTINE_BODIES["mixed"], per_id=False)
-    assert row[3] == "pass", row
-    row = _pristine_row(tmp_path, cold_python, PRISTINE_BODIES["pass"], per_id=False)
-    assert row[3] == "FAIL (passes without the PR)", row
 
 
 def test_slots_shared_through_a_fifo_bound_the_jobs_at_once(tmp_path):

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from harness.compare import run_scenario
-from harness.gloo_ranks import RankFailure, run_ranks
+from harness.gloo_ranks import RankAssertionError, RankFailure, run_ranks
 
 ME = __name__
 
@@ -32,9 +32,9 @@ def rank_info(rank, world_size, *, key=None):
     )
 
 
-def fail_on(rank, world_size, *, bad):
+def fail_on(rank, world_size, *, bad, error=ValueError):
     if rank == bad:
-        raise ValueError(f"rank {rank} refuses")
+        raise error(f"rank {rank} refuses")
     time.sleep(3600)  # a peer stuck in a collective
 
 
@@ -85,6 +85,20 @@ def test_failing_rank_is_named_and_its_peers_killed():
     msg = str(err.value)
     assert "rank 1 failed (of 3; failed ranks [1], killed [0, 2])" in msg
     assert "ValueError: rank 1 refuses" in msg
+    # an error of the test, not its failure: no AssertionError
+    assert not isinstance(err.value, AssertionError)
+
+
+def test_a_failed_check_in_a_rank_is_the_tests_own_assertion():
+    # unittest (and pr-check's pristine rule) count it as the test failing
+    # by its own assertion, not as an error
+    with pytest.raises(RankAssertionError) as err:
+        run_ranks(fail_on, 2, timeout=300, bad=1, error=AssertionError)
+    assert isinstance(err.value, AssertionError)
+    assert isinstance(err.value, RankFailure)
+    msg = str(err.value)
+    assert "rank 1 failed (of 2; failed ranks [1], killed [0])" in msg
+    assert "AssertionError: rank 1 refuses" in msg
 
 
 def test_hung_ranks_are_killed_at_the_timeout(tmp_path):

@@ -9,6 +9,8 @@ default); every scenario runs on either.
 
 from __future__ import annotations
 
+import argparse
+import functools
 import random
 
 import torch
@@ -16,6 +18,34 @@ import torch
 from harness.scenarios.hicache_l2_scenarios import sglang_identity
 
 UPSTREAM_TEST_MODULE = "sglang.test.decode_hicache_scenarios"
+
+
+@functools.cache
+def _server_args_parser():
+    """The real ServerArgs command line (argument errors raise, not exit)."""
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    ServerArgs.add_cli_args(parser)
+    return parser
+
+
+def require_decode_hicache() -> None:
+    """The first check of every decode-hicache PR test, made before any of
+    the PR's modules is imported: ``--disaggregation-decode-enable-hicache``
+    parses on the real ServerArgs parser. Without the PR it fails by this
+    assertion, not by an import error or argparse's exit."""
+    parser = _server_args_parser()
+    argv = ["--model-path", "dummy", "--disaggregation-decode-enable-hicache"]
+    args, unknown = parser.parse_known_args(argv)
+    if (
+        unknown
+        or getattr(args, "disaggregation_decode_enable_hicache", None) is not True
+    ):
+        raise AssertionError(
+            "--disaggregation-decode-enable-hicache does not parse "
+            f"(left over: {unknown}): the decode-hicache PR is missing"
+        )
 
 
 def _stack(rank, world_size, seed_flag, **kw):

@@ -24,6 +24,20 @@ from harness.scenarios.hicache_l2_scenarios import (
 UPSTREAM_TEST_MODULE = "sglang.test.hicache_rank_shard_scenarios"
 
 
+def require_rank_shard() -> None:
+    """The first check of every rank-shard PR test, made before any of the
+    PR's modules is imported: ``SGLANG_ENABLE_HICACHE_RANK_SHARD`` is a known
+    env of sglang's ``environ.envs``. Without the PR it fails by this
+    assertion, not by an import error."""
+    from sglang.srt.environ import envs
+
+    if not hasattr(envs, "SGLANG_ENABLE_HICACHE_RANK_SHARD"):
+        raise AssertionError(
+            "SGLANG_ENABLE_HICACHE_RANK_SHARD is not an env of "
+            "sglang.srt.environ.envs: the hicache-rank-shard PR is missing"
+        )
+
+
 def _count_calls(module, name: str) -> list:
     """Record every ``module.<name>`` call made from now on: its positional
     and keyword arguments."""

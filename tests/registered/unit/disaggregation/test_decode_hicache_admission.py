@@ -28,10 +28,16 @@ from harness.scenarios.decode_hicache_scenarios import (
     peek_vs_match,
     plan_digest,
     planned_then_released,
+    require_decode_hicache,
 )
 
 register_cpu_ci(est_time=480, suite="base-a-test-cpu")
 FEATURE_GROUP = "decode-hicache"  # the series group it tests (or "series")
+PASSES_ON_PRISTINE_TESTS = {
+    "test_flag_off_promises_l3_then_fails_when_the_prefetch_stops_short": "flag "
+    "off is upstream's two-phase-less prefetch: the L3 span is promised, then "
+    "the restore fails, with and without the PR",
+}
 
 HOST_SPAN = host_span_restore
 SIM = admission_sim
@@ -56,6 +62,11 @@ class _OnTreeCore(unittest.TestCase):
     test on the Rust core."""
 
     tree_core = "python"
+    requires_pr = True  # False: a flag-off case, upstream's behaviour
+
+    def setUp(self):
+        if self.requires_pr:
+            require_decode_hicache()
 
     def scenario(self, target, world_size=1, **kwargs):
         return _run(target, world_size, tree_core=self.tree_core, **kwargs)
@@ -189,7 +200,7 @@ class TestAdmissionPlanning(_OnTreeCore):
             )
 
 
-class TestTwoPhaseL3Prefetch(_OnTreeCore):
+class _OnlyInL3(_OnTreeCore):
     """A prefix only in L3 storage (real file backend)."""
 
     def _run(self, **kw):
@@ -198,6 +209,10 @@ class TestTwoPhaseL3Prefetch(_OnTreeCore):
         self.assertEqual(r["evicted"], (256, 256))
         return r
 
+
+class TestL3PrefetchFlagOff(_OnlyInL3):
+    requires_pr = False
+
     def test_flag_off_promises_l3_then_fails_when_the_prefetch_stops_short(self):
         # best_effort stops the prefetch at the first check: 0.5.23 has
         # already promised the L3 span to prefill, so the restore FAILs.
@@ -205,6 +220,8 @@ class TestTwoPhaseL3Prefetch(_OnTreeCore):
         self.assertEqual((r["admitted_at"], r["l3"], r["promised"]), (0, 256, 256))
         self.assertEqual(r["status"], "failed")
 
+
+class TestTwoPhaseL3Prefetch(_OnlyInL3):
     def test_two_phase_waits_for_host_then_promises_only_what_landed(self):
         r = self._run(seed_flag=True, policy="wait_complete")
         self.assertGreaterEqual(r["admitted_at"], 1)  # held while prefetching
@@ -313,6 +330,9 @@ class TestAbortCleanup(_OnTreeCore):
 
 
 class TestTreeCoresAgree(unittest.TestCase):
+    def setUp(self):
+        require_decode_hicache()
+
     def test_planned_admission_identical_on_both_cores(self):
         # Same workload, same plans (digests), admissions and evictions on the
         # Python core and the Rust core.
@@ -329,6 +349,10 @@ class TestPeekPrefixRust(TestPeekPrefix):
 
 
 class TestAdmissionPlanningRust(TestAdmissionPlanning):
+    tree_core = "rust"
+
+
+class TestL3PrefetchFlagOffRust(TestL3PrefetchFlagOff):
     tree_core = "rust"
 
 

@@ -12,8 +12,15 @@ import unittest
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
+from harness.scenarios.decode_hicache_scenarios import require_decode_hicache
+
 register_cpu_ci(est_time=30, suite="base-a-test-cpu")
 FEATURE_GROUP = "decode-hicache"  # the series group it tests (or "series")
+
+
+def setUpModule():
+    require_decode_hicache()
+
 
 HICACHE = "--disaggregation-decode-enable-hicache"
 RADIX = "--disaggregation-decode-enable-radix-cache"

@@ -12,11 +12,16 @@ import unittest
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
+from harness.dp_routing_fixtures import require_cache_aware_routing
 from harness.gloo_ranks import run_ranks
 from harness.scenarios.dp_routing_scenarios import cache_aware_end_to_end
 
 register_cpu_ci(est_time=120, suite="base-a-test-cpu")
 FEATURE_GROUP = "cache-aware-routing"  # the series group it tests (or "series")
+
+
+def setUpModule():
+    require_cache_aware_routing()
 
 
 class TestCacheAwareEndToEnd(unittest.TestCase):

@@ -19,8 +19,14 @@ import uuid
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
+from harness.dp_routing_fixtures import require_cache_aware_routing
+
 register_cpu_ci(est_time=10, suite="base-a-test-cpu")
 FEATURE_GROUP = "cache-aware-routing"  # the series group it tests (or "series")
+
+
+def setUpModule():
+    require_cache_aware_routing()
 
 
 def req(rid, prompt_len, extend_end):

@@ -26,9 +26,16 @@ from types import SimpleNamespace
 import msgspec
 from sglang.test.ci.ci_register import register_cpu_ci
 
+from harness.dp_routing_fixtures import require_cache_aware_routing
+
 register_cpu_ci(est_time=30, suite="base-a-test-cpu")
 FEATURE_GROUP = "cache-aware-routing"  # the series group it tests (or "series")
 LANDS_WITH = "0005"  # passes from this patch of the group on (pr-check runs it there)
+
+
+def setUpModule():
+    require_cache_aware_routing()
+
 
 DP, PAGE, CHUNK = 2, 4, 16
 

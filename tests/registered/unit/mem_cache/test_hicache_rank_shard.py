@@ -14,7 +14,10 @@ from unittest import mock
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.gloo_ranks import RankFailure, run_ranks
-from harness.scenarios.hicache_rank_shard_scenarios import sharded_roundtrip
+from harness.scenarios.hicache_rank_shard_scenarios import (
+    require_rank_shard,
+    sharded_roundtrip,
+)
 from harness.stacks.dsa_hicache_stack import dsa_device_pool, publish_server_args
 
 register_cpu_ci(est_time=300, suite="base-a-test-cpu")
@@ -23,6 +26,10 @@ FEATURE_GROUP = "hicache-rank-shard"  # the series group it tests (or "series")
 ON = {"SGLANG_ENABLE_HICACHE_RANK_SHARD": "1"}
 KV_ROW_BYTES = 576 * 2  # bf16 latent + rope row of the test pool
 INDEXER_ROW_BYTES = 132 * 64  # one 64-token indexer page
+
+
+def setUpModule():
+    require_rank_shard()
 
 
 def _device_layers(trace, op, kind):
@@ -82,7 +89,18 @@ class _ShardedRun:
             model=cls.MODEL,
         )
 
+    def assert_sharded(self):
+        """The run was sharded: every rank's host pool is a sharded one that
+        holds only its round-robin share of the KV layers (byte checks that
+        would hold on a replicated host tier prove nothing without it)."""
+        for r in self.results:
+            self.assertTrue(r["sharded"], f"rank {r['rank']}: host tier not sharded")
+            self.assertEqual(
+                r["kv_host_layers"], list(range(self.LAYERS))[r["rank"] :: self.WORLD]
+            )
+
     def test_every_rank_is_sharded_with_round_robin_owners(self):
+        self.assert_sharded()
         live = [i for i, s in enumerate(self.skip) if not s]
         counts = []
         for r in self.results:
@@ -99,6 +117,7 @@ class _ShardedRun:
         self.assertEqual(sum(counts), self.LAYERS)
 
     def test_restores_are_bit_exact_on_every_rank(self):
+        self.assert_sharded()
         loads = [
             e
             for e in self.results[0]["events"]
@@ -109,6 +128,7 @@ class _ShardedRun:
             self.assertEqual(r["mismatches"], [], f"rank {r['rank']}")
 
     def test_host_indices_and_capacity_identical_across_ranks(self):
+        self.assert_sharded()
         for r in self.results[1:]:
             self.assertEqual(r["events"], self.results[0]["events"])
             self.assertEqual(r["kv_host_size"], self.results[0]["kv_host_size"])

@@ -16,12 +16,19 @@ import torch
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.gloo_ranks import run_ranks
-from harness.scenarios.hicache_rank_shard_scenarios import inactive_reasons
+from harness.scenarios.hicache_rank_shard_scenarios import (
+    inactive_reasons,
+    require_rank_shard,
+)
 from harness.stacks.dsa_hicache_stack import dsa_device_pool, publish_server_args
 
 register_cpu_ci(est_time=40, suite="base-a-test-cpu")
 FEATURE_GROUP = "hicache-rank-shard"  # the series group it tests (or "series")
 LANDS_WITH = "0002"  # passes from this patch of the group on (pr-check runs it there)
+
+
+def setUpModule():
+    require_rank_shard()
 
 
 class TestKnobs(unittest.TestCase):
