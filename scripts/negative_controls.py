@@ -266,6 +266,21 @@ CONTROLS = (
         what="--load-balance-method cache_aware dispatches round robin",
     ),
     Control(
+        name="routed-dp-rank-ignored",
+        level="full",
+        module="srt/managers/data_parallel_controller.py",
+        old="        if req.routed_dp_rank is not None:\n",
+        new="        if False:  # negative control: routed_dp_rank ignored\n",
+        tests=(
+            R + "server/test_cache_aware_routing_dp_attention_server.py"
+            "::TestCacheAwareRoutingDpAttentionServer"
+            "::test_client_round_robin_control_misses_where_it_moves_a_turn",
+        ),
+        expected=("test_client_round_robin_control_misses_where_it_moves_a_turn",),
+        what="the DP controller ignores routed_dp_rank: the client-side round "
+        "robin control is routed by cache",
+    ),
+    Control(
         name="router-ignores-host-digests-live",
         level="full",
         module="srt/managers/dp_routing/rank_digests.py",

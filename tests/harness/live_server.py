@@ -165,12 +165,14 @@ class LiveServer:
         """``{process title: PID}`` of this server's tree (see ``process_roles``)."""
         return process_roles(self.proc.pid) if self.proc is not None else {}
 
-    def stop(self) -> list[int]:
-        """Stop the server and its process tree; returns the tree's PIDs."""
+    def stop(self, grace: float = cpu_server.STOP_GRACE_S) -> list[int]:
+        """Stop the server and its process tree; returns the tree's PIDs.
+        What was still running ``grace`` seconds after the SIGTERM got
+        SIGKILL: ``stop_killed`` lists it (empty after a clean stop)."""
         if self.proc is None:
             return []
         pids = cpu_server.process_tree(self.proc.pid)
-        cpu_server.stop_tree(self.proc)
+        self.stop_killed = cpu_server.stop_tree(self.proc, grace)
         self.proc = None
         self._close_logs()
         return pids

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 import time
+from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 
 import requests
@@ -171,6 +173,45 @@ def run_conversations(
                 prompts[c] = prompts[c] + r["output_ids"] + new
             time.sleep(think_s)
     return records
+
+
+class ClientRoundRobin:
+    """A ``route`` for ``run_conversations``: client-side round robin, the
+    server's ``round_robin`` done by the client. Each request names the next
+    DP rank in the order the requests are sent (``routed_dp_rank``, which the
+    DP controller honours before its load-balance method), so a server that
+    routes by cache can host its own negative control. ``asked[c]`` lists the
+    ranks conversation ``c`` was sent to, turn by turn."""
+
+    def __init__(self, ranks: int = 2):
+        self.ranks = ranks
+        self.asked = defaultdict(list)
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, c: int) -> int:
+        with self._lock:
+            rank = self._next % self.ranks
+            self._next += 1
+            self.asked[c].append(rank)
+        return rank
+
+    def kept(self) -> int:
+        """Later turns sent to the rank of their conversation's previous turn."""
+        return sum(
+            prev == cur
+            for ranks in self.asked.values()
+            for prev, cur in zip(ranks, ranks[1:])
+        )
+
+
+def full_hit_turns(records) -> int:
+    """Later turns served their whole previous prompt from cache."""
+    return sum(
+        cur["cached"] >= prev["prompt"]
+        for conv in records
+        for prev, cur in zip(conv, conv[1:])
+    )
 
 
 def run_bursts(

@@ -9,7 +9,10 @@ from the digests their leader schedulers publish. Multi-turn conversations
 (``harness.live_workloads``) sent by concurrent clients: each conversation
 stays on one DP rank and every later turn is served its previous prompt from
 cache; both ranks serve; ``/metrics`` counts every request once and shows one
-fresh digest per DP rank. At the end of its life DP rank 1's scheduler is
+fresh digest per DP rank. The negative control on the same server: the same
+workload on conversations of its own (another seed), each request sent to the
+DP rank client-side round robin names (``routed_dp_rank``), is served whole on
+exactly the turns sent back to their previous rank, and misses the others. At the end of its life DP rank 1's scheduler is
 SIGKILLed under 8 streams: every stream ends in an error within a bound (the
 MLP is tensor-parallel over both ranks, so none can finish), the whole tree
 exits and the port is free.
@@ -22,7 +25,12 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.faults import kill_during_streams
 from harness.live_server import LiveServer, assert_all_gone, port_release
-from harness.live_workloads import hit_rate, run_conversations
+from harness.live_workloads import (
+    ClientRoundRobin,
+    full_hit_turns,
+    hit_rate,
+    run_conversations,
+)
 
 register_cpu_ci(est_time=300, suite="base-b-test-cpu")
 FEATURE_GROUP = "cache-aware-routing"  # the series group it tests (or "series")
@@ -56,6 +64,11 @@ class TestCacheAwareRoutingDpAttentionServer(unittest.TestCase):
         try:
             cls.records = run_conversations(server, n=4, turns=3, seed=21)
             cls.metrics = server.get("/metrics").text
+            # Not routed by the router: not counted in cls.metrics either.
+            cls.control_route = ClientRoundRobin(2)
+            cls.control = run_conversations(
+                server, n=4, turns=3, seed=23, route=cls.control_route
+            )
             cls.log = server.log_text()
             # End of life: DP rank 1's scheduler killed under 8 streams.
             victim = server.roles()["sglang::scheduler_DP1_TP1"]
@@ -82,6 +95,28 @@ class TestCacheAwareRoutingDpAttentionServer(unittest.TestCase):
                 self.assertGreaterEqual(cur["cached"], prev["prompt"], (c, conv))
         self.assertEqual({conv[0]["rank"] for conv in self.records}, {0, 1})
         print(f"dp attention: hit rate {hit_rate(self.records):.3f}")
+
+    def test_client_round_robin_control_misses_where_it_moves_a_turn(self):
+        # Every request served on the rank the client named (a server that
+        # ignored routed_dp_rank would route it by cache and keep it).
+        asked = self.control_route.asked
+        for c, conv in enumerate(self.control):
+            self.assertEqual([r["rank"] for r in conv], asked[c], (c, conv))
+        # 4 conversations x 2 later turns; round robin over 4 requests a turn
+        # sends a turn back to its previous rank when its place in the
+        # (seeded) send order has the previous turn's parity (2 of 8 for seed
+        # 23 when the clients take the requests in send order). Exactly those
+        # are served their whole previous prompt: the other rank holds at
+        # most the prompt of two turns back.
+        kept = self.control_route.kept()
+        full = full_hit_turns(self.control)
+        print(
+            f"dp attention control: {full} of 8 later turns whole, "
+            f"hit rate {hit_rate(self.control):.3f}"
+        )
+        self.assertEqual(full, kept, (asked, self.control))
+        self.assertLess(kept, 8, asked)  # it moves a turn: it can miss
+        self.assertEqual(full_hit_turns(self.records), 8)
 
     def test_every_request_routed_once_and_one_digest_per_dp_rank(self):
         routed = {

@@ -15,26 +15,23 @@ with ``bootstrap_host/port/room`` to both servers at once, the answer taken
 from the decode server.  The model is the tiny DeepSeek-V3 (plain MLA), served
 as DeepSeek deployments serve it: decode workers with DP attention.  The prefill
 server runs with ``--disable-radix-cache``: every hit a request reports is the
-decode worker's own.  Three decode workers with two DP ranks, a 640-token device
-pool and a host tier twice that serve the same workload from the one prefill
-server:
+decode worker's own.  Two decode workers with a 640-token device pool per rank
+and a host tier twice that serve from the one prefill server:
 
-* ``seed``: DP attention (``--tp 2 --dp-size 2 --enable-dp-attention``, where
-  0.5.23 warns "Decode radix cache with DP attention. Requires prefix-aware DP
-  rank routing for optimal cache hits.") with
-  ``--disaggregation-decode-enable-radix-cache
+* ``seed``: two DP ranks with DP attention (``--tp 2 --dp-size 2
+  --enable-dp-attention``, where 0.5.23 warns "Decode radix cache with DP
+  attention. Requires prefix-aware DP rank routing for optimal cache hits.")
+  with ``--disaggregation-decode-enable-radix-cache
   --disaggregation-decode-enable-hicache --disaggregation-decode-hicache-ratio
   2.0``; it auto-selects cache_aware routing;
-* ``round_robin``: the same with ``--load-balance-method round_robin``;
-* ``generic``: plain DP (``--dp-size 2``), the same wheel with upstream's
-  generic spelling
-  (``--enable-hierarchical-cache --hicache-ratio 2.0
-  --disaggregation-decode-enable-radix-cache``) and upstream's default
-  ``--load-balance-method round_robin`` (named: with the decode radix cache
-  flag the wheel would pick cache_aware): the scheduler keeps 0.5.23's
-  admission, which it says by not logging the seed interface's.  Its greedy
-  outputs are not compared with the seed worker's: without DP attention the
-  MLP runs unsharded, and the tiny model's near-tied logits pick other tokens.
+* ``generic``: one rank (no DP), the same wheel with upstream's generic
+  spelling (``--enable-hierarchical-cache --hicache-ratio 2.0
+  --disaggregation-decode-enable-radix-cache``) and the default
+  ``--load-balance-method auto``, which resolves to round_robin there: the
+  scheduler keeps 0.5.23's admission, which it says by not logging the seed
+  interface's, and refuses what its pool can never admit.  Its greedy outputs
+  are not compared with the seed worker's: without DP attention the MLP runs
+  unsharded, and the tiny model's near-tied logits pick other tokens.
 
 Workload: prompts A and B (one per rank), eight fillers (A and B leave their
 ranks' device pools for the host tier: three 208-token requests fill a pool),
@@ -43,7 +40,13 @@ revisits (requests 10 and 11) go to the ranks that do not hold them; the seed
 worker must send each to its holder, which restores it from its host tier
 (``load_back_tokens_total``), and reports those tokens as host hits in
 ``cached_tokens_details`` (0.5.23's decode reports them as device hits,
-fixes/0008).  The two controls must miss there.
+fixes/0008).  The control runs on the seed worker after it: the same workload
+under another ``extra_key`` (a namespace of the radix tree and of the router:
+nothing of the seed run matches it), each request sent to rank i % 2 as
+round-robin would (``routed_dp_rank`` in the decode server's body, which its DP
+controller honours before cache_aware; the prefill server, one rank, gets the
+body without it).  It must miss the revisits and give the seed run's greedy
+outputs, hit or miss.
 
 Then each decode worker gets a prompt that passes its input-length check but
 needs more than its whole pool with the reserved decode tokens: it answers
@@ -74,7 +77,7 @@ PD_ENV = {
 }
 TRANSFER = ["--disaggregation-transfer-backend", "mooncake_tcp"]
 MODEL = "tiny-mla"
-DP_ATTENTION = ["--tp", "2", "--enable-dp-attention"]
+DP_ATTENTION = ["--tp", "2", "--dp-size", "2", "--enable-dp-attention"]
 DECODE_POOL = 640  # tokens per decode rank
 PROMPT_WORDS = 200  # one token per word with the tiny tokenizer
 NEW_TOKENS = 8  # a finished request keeps 208 tokens: 3 fill a device pool
@@ -85,8 +88,6 @@ DECODE_BASE = [
     "--disaggregation-mode",
     "decode",
     *TRANSFER,
-    "--dp-size",
-    "2",
     "--max-total-tokens",
     str(DECODE_POOL),
     # A request is admitted once its prompt plus this many decode tokens fit
@@ -106,15 +107,15 @@ SEED_FLAGS = [
     "--disaggregation-decode-hicache-ratio",
     "2.0",
 ]
-ROUND_ROBIN = ["--load-balance-method", "round_robin"]
 GENERIC_FLAGS = ["--enable-hierarchical-cache", "--hicache-ratio", "2.0"]
 GENERIC_FLAGS += ["--disaggregation-decode-enable-radix-cache"]
 # name: decode arguments (all on the patched wheel)
 DECODES = {
     "seed": DECODE_BASE + DP_ATTENTION + SEED_FLAGS,
-    "round_robin": DECODE_BASE + DP_ATTENTION + SEED_FLAGS + ROUND_ROBIN,
-    "generic": DECODE_BASE + GENERIC_FLAGS + ROUND_ROBIN,
+    "generic": DECODE_BASE + GENERIC_FLAGS,
 }
+# The control's namespace on the seed worker (see the module docstring).
+CONTROL_KEY = "round-robin-control"
 # What the decode scheduler logs at startup when it runs the seed interface's
 # admission (decode-hicache/0004).
 SEED_ADMISSION_LOG = (
@@ -124,7 +125,9 @@ SEED_ADMISSION_LOG = (
 WORDS = "cache prefix token rank host device page layer tree radix decode".split()
 
 
-def pd_generate(prefill, decode, bootstrap_port, text):
+def pd_generate(prefill, decode, bootstrap_port, text, extra_key=None, rank=None):
+    """``rank``: the decode server's DP rank (``routed_dp_rank`` in its body
+    only: the prefill server has one rank)."""
     body = {
         "text": text,
         "sampling_params": greedy(NEW_TOKENS),
@@ -132,9 +135,12 @@ def pd_generate(prefill, decode, bootstrap_port, text):
         "bootstrap_port": bootstrap_port,
         "bootstrap_room": random.randint(0, 2**62),
     }
+    if extra_key is not None:
+        body["extra_key"] = extra_key
+    decode_body = dict(body) if rank is None else {**body, "routed_dp_rank": rank}
     with ThreadPoolExecutor(2) as pool:
         p = pool.submit(prefill.post_raw, "/generate", body)
-        d = pool.submit(decode.post_raw, "/generate", body)
+        d = pool.submit(decode.post_raw, "/generate", decode_body)
         p_resp, d_resp = p.result(), d.result()
     if d_resp.status_code != 200:
         return {"error": (d_resp.status_code, d_resp.text[:300])}
@@ -195,11 +201,18 @@ def workload() -> list[tuple[str, str]]:
     return order + [("B again", b), ("A again", a)]
 
 
-def run_workload(prefill, decode, bootstrap_port) -> dict:
+def run_workload(prefill, decode, bootstrap_port, round_robin=False) -> dict:
+    """With ``round_robin``: the control (request i to DP rank i % 2, under
+    ``CONTROL_KEY``)."""
     runs = {}
-    for name, text in workload():
+    for i, (name, text) in enumerate(workload()):
         before = loaded_back_tokens(decode)
-        r = pd_generate(prefill, decode, bootstrap_port, text)
+        if round_robin:
+            r = pd_generate(
+                prefill, decode, bootstrap_port, text, CONTROL_KEY, rank=i % 2
+            )
+        else:
+            r = pd_generate(prefill, decode, bootstrap_port, text)
         if "error" in r:
             runs[name] = dict(error=r["error"], rank=None, cached=None)
             continue
@@ -244,11 +257,14 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
                     f.result()
             rng = random.Random(5)
             oversized = " ".join(rng.choice(WORDS) for _ in range(OVERSIZED_WORDS))
+            seed = decodes["seed"]
+            runs = run_workload(prefill, seed, bootstrap_port)
+            control = run_workload(prefill, seed, bootstrap_port, round_robin=True)
+            cls.results["round_robin"] = dict(runs=control)
             for name, decode in decodes.items():
-                runs = run_workload(prefill, decode, bootstrap_port)
                 cls.results[name] = dict(
                     info=decode.get("/server_info").json(),
-                    runs=runs,
+                    runs=runs if name == "seed" else None,
                     oversized=pd_generate_both(
                         prefill, decode, bootstrap_port, oversized
                     ),
@@ -266,36 +282,35 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
         assert_all_gone(pids)
 
     def test_seed_flags_select_cache_aware_and_the_generic_ones_do_not(self):
+        # 0.5.23 reads --dp-size N --enable-dp-attention as attn_dp_size N
+        # (dp_size 1): N attention DP ranks behind one controller. The generic
+        # worker has one rank: auto resolves to round_robin (the exception
+        # that picks cache_aware needs more than one).
         expected = {
-            "seed": "cache_aware",
-            "round_robin": "round_robin",
-            "generic": "round_robin",
+            "seed": ("cache_aware", True, "attn_dp_size", 2),
+            "generic": ("round_robin", False, "dp_size", 1),
         }
-        for name, method in expected.items():
+        for name, (method, dp_attention, key, ranks) in expected.items():
             info = self.results[name]["info"]
-            # 0.5.23 reads --dp-size N --enable-dp-attention as attn_dp_size N
-            # (dp_size 1): N attention DP ranks behind one controller.
-            dp_attention = name != "generic"
             self.assertEqual(info.get("enable_dp_attention"), dp_attention, name)
-            key = "attn_dp_size" if dp_attention else "dp_size"
-            self.assertEqual(info.get(key), 2, name)
+            self.assertEqual(info.get(key), ranks, name)
             self.assertEqual(info.get("load_balance_method"), method, name)
             self.assertTrue(info.get("enable_hierarchical_cache"), name)
             self.assertFalse(info.get("disable_radix_cache"), name)
 
     def test_dp_attention_decode_with_the_decode_radix_cache(self):
-        for name in ("seed", "round_robin"):
-            log = self.results[name]["log"]
-            self.assertIn("'enable_dp_attention': True", log, name)
-            # 0.5.23's warning that this setup needs prefix-aware routing
-            self.assertIn("Decode radix cache with DP attention", log, name)
+        log = self.results["seed"]["log"]
+        self.assertIn("'enable_dp_attention': True", log)
+        # 0.5.23's warning that this setup needs prefix-aware routing
+        self.assertIn("Decode radix cache with DP attention", log)
         self.assertNotIn("'enable_dp_attention': True", self.results["generic"]["log"])
 
     def test_the_scheduler_runs_the_seed_admission_from_the_seed_flag_only(self):
-        for name, seed_flag in (("seed", 1), ("round_robin", 1), ("generic", 0)):
+        # one line per DP rank's scheduler: two on the seed worker, none on
+        # the generic one (one rank)
+        for name, lines in (("seed", 2), ("generic", 0)):
             log = self.results[name]["log"]
-            # one line per DP rank's scheduler
-            self.assertEqual(log.count(SEED_ADMISSION_LOG), 2 * seed_flag, name)
+            self.assertEqual(log.count(SEED_ADMISSION_LOG), lines, name)
 
     def _print(self, name):
         for key, run in self.results[name]["runs"].items():
@@ -329,24 +344,23 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
             self.assertEqual(details["device"] + details["host"], again["cached"], key)
             self.assertEqual(again["output_ids"], runs[key]["output_ids"], key)
 
-    def test_controls_miss_the_revisits_where_round_robin_routes_them(self):
+    def test_control_misses_the_revisits_where_round_robin_routes_them(self):
         seed = self.results["seed"]["runs"]
-        for name in ("round_robin", "generic"):
-            self._print(name)
-            runs = self.results[name]["runs"]
-            order = [key for key, _ in workload()]
-            for i, key in enumerate(order):
-                self.assertEqual(runs[key]["rank"], i % 2, (name, key))
-                if name == "round_robin":  # the seed worker's geometry
-                    # the same greedy outputs as the seed worker's, hit or miss
-                    self.assertEqual(
-                        runs[key]["output_ids"], seed[key]["output_ids"], key
-                    )
-            for key in ("A", "B"):
-                again = runs[f"{key} again"]
-                self.assertNotEqual(again["rank"], runs[key]["rank"], (name, key))
-                self.assertEqual(again["cached"], 0, (name, key))
-                self.assertEqual(again["loaded_back"], 0, (name, key))
+        self._print("round_robin")
+        runs = self.results["round_robin"]["runs"]
+        order = [key for key, _ in workload()]
+        for i, key in enumerate(order):
+            # served on the rank it was sent to (a decode worker ignoring
+            # routed_dp_rank would route it by cache: the revisits hit)
+            self.assertEqual(runs[key]["rank"], i % 2, key)
+            # the seed worker's geometry: the same greedy outputs as its
+            # run's, hit or miss
+            self.assertEqual(runs[key]["output_ids"], seed[key]["output_ids"], key)
+        for key in ("A", "B"):
+            again = runs[f"{key} again"]
+            self.assertNotEqual(again["rank"], runs[key]["rank"], key)
+            self.assertEqual(again["cached"], 0, key)
+            self.assertEqual(again["loaded_back"], 0, key)
 
     def test_a_request_no_decode_pool_can_admit_is_refused_and_prefill_freed(self):
         for name in DECODES:
