@@ -188,6 +188,19 @@ CONTROLS = (
         what="the sharded MLA KV host pool keeps upstream's L3 page accessors",
     ),
     Control(
+        name="rank-shard-load-back-not-agreed",
+        level="full",
+        module="srt/managers/cache_controller.py",
+        old="        return self.rank_shard.agreement.agree(fits, num_tokens)\n",
+        new="        return fits  # negative control: each rank decides alone\n",
+        tests=(
+            R + "unit/mem_cache/test_hicache_rank_shard.py"
+            "::TestRankShardLoadBackAgreement",
+        ),
+        expected=("the ranks did not take the load-backs together",),
+        what="a rank-sharded load-back is decided by each rank alone",
+    ),
+    Control(
         name="prompt-id-check-removed",
         level="cheap",
         module="srt/managers/tokenizer_manager.py",

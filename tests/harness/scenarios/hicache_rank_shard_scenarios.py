@@ -429,3 +429,139 @@ def gate_paths(rank: int, world_size: int) -> dict:
         run_batch_plain_waited=list(waits),
         run_batch_stopped_after_gate=stopped_overlap and stopped_plain,
     )
+
+
+# ------------------------------------------------- load-back agreement (radix)
+def _wait_written_through(cache, polls: int = 500) -> None:
+    """Polls until no write-through is in flight (retired by MIN-reduced
+    counts, so every rank leaves at the same poll)."""
+    import time
+
+    for _ in range(polls):
+        cache.check_hicache_events()
+        if not cache.ongoing_write_through:
+            return
+        time.sleep(0.01)
+    raise AssertionError("write-through still in flight")
+
+
+def load_back_agreement(
+    rank: int,
+    world_size: int,
+    *,
+    refuse_rank: int | None = 1,
+    prefixes: int = 3,
+    tokens: int = 64,
+) -> dict:
+    """Load-backs through the real ``UnifiedRadixCache`` of a TP group whose
+    ranks disagree on one of them.
+
+    ``prefixes`` prefixes are cached, written through to host and evicted from
+    the device on every rank; each is then loaded back (``load_back`` on its
+    host node, then ``ready_to_load_host_cache`` as the scheduler does), one at
+    a time. For the second, ``refuse_rank``'s device pool reads as full (its
+    available size 0 and nothing to evict), as a rank whose allocation fails
+    would (``refuse_rank=None``: nothing patched, for the test-only variables
+    SGLANG_TEST_HICACHE_RANK_SHARD_REFUSE_LOAD_*). Returns, per load-back,
+    whether this rank loaded it, and whether
+    the device rows it holds afterwards equal the cached rows bit for bit."""
+    from array import array
+
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    from harness.stacks.decode_hicache_stack import build_decode_stack, random_tokens
+
+    stack = build_decode_stack(
+        rank,
+        world_size,
+        layer_num=2,
+        server_args_overrides=dict(
+            disaggregation_mode="null",
+            disaggregation_decode_enable_radix_cache=False,
+        ),
+    )
+    cache = stack.cache
+    shard = cache.cache_controller.rank_shard
+    # The scheduler sets the load fence on every HiCache controller.
+    cache.cache_controller.load_fence_stream = torch.cpu.current_stream()
+    rng = random.Random(7)
+    gen = torch.Generator().manual_seed(7)
+    seqs = [random_tokens(rng, tokens) for _ in range(prefixes)]
+    cached = [stack.cache_prefix(s, gen) for s in seqs]
+    _wait_written_through(cache)
+    evicted = stack.evict_device(tokens * prefixes)
+    loads = []
+    for i, seq in enumerate(seqs):
+        match = cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", seq))))
+        refuse = i == 1 and rank == refuse_rank
+        if refuse:  # this rank's device pool reads as full
+            full = cache._component_available_size
+            cache._component_available_size = lambda component: 0
+            evict = cache.evict_for_alloc
+            cache.evict_for_alloc = lambda params: None
+        try:
+            loaded = cache.load_back(match.best_match_node)
+        finally:
+            if refuse:
+                cache._component_available_size = full
+                cache.evict_for_alloc = evict
+        cache.ready_to_load_host_cache()
+        cache.loading_check()
+        after = cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", seq))))
+        exact = None
+        if after.device_prefix_len == len(seq):
+            rows = stack.device_rows(cache.path_device_indices(after.last_device_node))
+            exact = all(torch.equal(a, b) for a, b in zip(rows, cached[i]["rows"]))
+        loads.append(
+            dict(
+                loaded=bool(loaded),
+                host_hit=int(match.host_hit_length),
+                device_after=int(after.device_prefix_len),
+                exact=exact,
+            )
+        )
+    agreement = shard.agreement if shard is not None else None
+    return dict(
+        rank=rank,
+        sglang=sglang_identity(),
+        sharded=shard is not None,
+        evicted=evicted,
+        loads=loads,
+        split=agreement.num_split if agreement else None,
+        tokens_missed=agreement.tokens_missed if agreement else None,
+        bytes_received=shard.exchange.bytes_received if shard else 0,
+    )
+
+
+def exchange_without_peer(rank: int, world_size: int, *, loader: int = 0) -> dict:
+    """Only ``loader`` submits a sharded load-back (straight to the
+    controller, past the radix cache's agreement); its peers never join the
+    exchange. The loader's broadcast must fail within
+    SGLANG_HICACHE_RANK_SHARD_EXCHANGE_TIMEOUT_S, naming the layer and ranks.
+    Returns the error text (None where no error) and the seconds it took."""
+    import time
+
+    from harness.stacks.dsa_hicache_stack import build_dsa_stack
+
+    stack = build_dsa_stack(rank, world_size, model="mla", layer_num=2)
+    cc = stack.controller
+    cc.load_fence_stream = torch.cpu.current_stream()
+    gen = torch.Generator().manual_seed(3)
+    dev = stack.allocator.alloc(stack.page_size)
+    node = write_random_node(
+        stack.device_pool, cc, dev, node_id=1, live_ix=[], gen=gen, extra_pools=None
+    )
+    out = dict(rank=rank, sharded=cc.rank_shard is not None, error=None, seconds=None)
+    if rank == loader:
+        start = time.monotonic()
+        try:
+            cc.load(node["host"], node_id=1)
+            cc.start_loading()
+        except RuntimeError as e:
+            out["error"] = str(e)
+        out["seconds"] = time.monotonic() - start
+    # The peers stay alive (in a barrier of the world group) until the loader
+    # is done: its broadcast times out rather than seeing them exit.
+    torch.distributed.barrier()
+    return out

@@ -15,6 +15,8 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.gloo_ranks import RankFailure, run_ranks
 from harness.scenarios.hicache_rank_shard_scenarios import (
+    exchange_without_peer,
+    load_back_agreement,
     require_rank_shard,
     sharded_roundtrip,
 )
@@ -351,6 +353,80 @@ class TestRankShardPlanInactive(unittest.TestCase):
             with self.assertNoLogs("sglang.srt.mem_cache.hicache_rank_shard"):
                 log_rank_shard_unsupported("_SwaStrategy")
                 log_rank_shard_without_hicache()
+
+
+def run_ranks_agreeing(env=None, **kwargs):
+    env = {**ON, "SGLANG_HICACHE_RANK_SHARD_EXCHANGE_TIMEOUT_S": "30", **(env or {})}
+    try:
+        return run_ranks(load_back_agreement, 2, timeout=600, env=env, **kwargs)
+    except RankFailure as e:
+        raise AssertionError(
+            f"the ranks did not take the load-backs together: {e}"
+        ) from None
+
+
+class TestRankShardLoadBackAgreement(unittest.TestCase):
+    """The ranks of a shard group decide each load-back together (the radix
+    cache's load_back through UnifiedRadixCache, TP=2, plain MLA: 2 layers,
+    one owned per rank, rows of 64 + 16 bf16)."""
+
+    TOKENS = 64
+    ROW_BYTES = (64 + 16) * 2
+
+    def test_a_load_back_one_rank_cannot_fit_is_a_miss_on_every_rank(self):
+        # Rank 1's device pool reads full for the second of three load-backs.
+        # Without the agreement rank 0 loads it alone and waits in its
+        # exchange for a peer that never comes (bounded here by the exchange
+        # timeout, else by the test's).
+        self.check(run_ranks_agreeing())
+
+    def test_the_test_only_variables_make_the_same_refusal(self):
+        # SGLANG_TEST_HICACHE_RANK_SHARD_REFUSE_LOAD_*: rank 1 refuses every
+        # second load-back (the live server's way to inject it).
+        knob = {
+            "SGLANG_TEST_HICACHE_RANK_SHARD_REFUSE_LOAD_RANK": "1",
+            "SGLANG_TEST_HICACHE_RANK_SHARD_REFUSE_LOAD_EVERY": "2",
+        }
+        self.check(run_ranks_agreeing(knob, refuse_rank=None))
+
+    def check(self, results):
+        for r in results:
+            self.assertTrue(r["sharded"], r)
+            self.assertEqual(r["evicted"], 3 * self.TOKENS, r)
+            loaded = [l["loaded"] for l in r["loads"]]
+            self.assertEqual(loaded, [True, False, True], r)
+            for load in r["loads"]:
+                self.assertEqual(load["host_hit"], self.TOKENS, r)
+            # the two that ran restore every row bit for bit; the refused one
+            # stays on host (a miss, recomputed by its request)
+            self.assertEqual([l["exact"] for l in r["loads"]], [True, None, True], r)
+            self.assertEqual(r["loads"][1]["device_after"], 0, r)
+            self.assertEqual((r["split"], r["tokens_missed"]), (1, self.TOKENS), r)
+            # each rank received its peer's layer of the two loads that ran
+            self.assertEqual(r["bytes_received"], 2 * self.TOKENS * self.ROW_BYTES)
+
+    def test_a_broadcast_no_peer_joins_fails_naming_the_layer_and_ranks(self):
+        env = {**ON, "SGLANG_HICACHE_RANK_SHARD_EXCHANGE_TIMEOUT_S": "2"}
+        results = run_ranks(exchange_without_peer, 2, timeout=600, env=env)
+        loader = results[0]
+        self.assertTrue(loader["sharded"], loader)
+        self.assertIn(
+            "the broadcast of layer 0 from shard rank 0 (global rank 0) failed on "
+            "shard rank 0 of ranks [0, 1], waiting at most 2 s",
+            loader["error"] or "",
+        )
+        self.assertLess(loader["seconds"], 60, loader)
+        self.assertIsNone(results[1]["error"])
+
+    def test_the_refusing_rank_must_be_a_shard_rank(self):
+        env = {**ON, "SGLANG_TEST_HICACHE_RANK_SHARD_REFUSE_LOAD_RANK": "2"}
+        with self.assertRaises(RankFailure) as ctx:
+            run_ranks(load_back_agreement, 2, timeout=600, env=env)
+        self.assertIn(
+            "SGLANG_TEST_HICACHE_RANK_SHARD_REFUSE_LOAD_RANK must be a shard rank "
+            "below 2 or -1, got 2",
+            str(ctx.exception),
+        )
 
 
 class TestRankShardNegativeControls(unittest.TestCase):
