@@ -328,7 +328,7 @@ CONTROLS = (
         "        return None  # negative control: nothing reaches the host tier\n",
         tests=(
             "tests/tooling/test_serve_cpu.py::TestServeCpu"
-            "::test_example_request_and_sigterm",
+            "::test_scheduler_death_then_the_readme_server_on_its_port",
         ),
         expected=("revisit: ",),
         what="HiCache backs nothing up to host memory: no load-back ever",
