@@ -28,8 +28,9 @@ import json
 import random
 import time
 
-import psutil
 import requests
+
+from harness.live_server import wait_gone
 
 GOOD = {
     "text": "page layer",
@@ -356,24 +357,6 @@ def _serves(base_url: str, timeout: float) -> bool:
         return False
 
 
-def _tree_exits(pids: list[int], within: float) -> bool:
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=within)
-
-    def running(p):
-        try:
-            return p.status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
-
-    return not any(running(p) for p in alive)
-
-
 def run_cases(
     base_url: str,
     cases: dict,
@@ -410,7 +393,7 @@ def run_cases(
         )
         if not alive and tree_pids:
             left = DEATH_WAIT_S - (time.monotonic() - start)
-            if _tree_exits(pids, max(left, 0.0)):
+            if not wait_gone(pids, max(left, 0.0)):
                 record.update(outcome="died", exit_s=time.monotonic() - start)
             elif not _serves(base_url, HANG_PROBE_S):
                 record.update(outcome="hung")
