@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-import time
 
 import requests
 
@@ -44,8 +43,6 @@ class _Server:
         self.works: dict = {}  # name -> fn(server)
         self.ending = None  # (name, fn): its last work, which may kill it
         self.results: dict = {}  # name -> value | BaseException
-        self.started: int = 0  # servers started (0 or 1)
-        self.wall_s: float | None = None
 
 
 _SERVERS: dict = {}
@@ -102,7 +99,6 @@ def _run_server(s: _Server) -> None:
     tree, extra_args, model, instance = s.key
     named_model = model if model != "tiny-llama" else ""
     label = "-".join(p for p in ("shared", tree, named_model, instance) if p)
-    start = time.monotonic()
     try:
         with _STARTING:
             server = LiveServer(tree, list(extra_args), name=label, model=model)
@@ -110,7 +106,6 @@ def _run_server(s: _Server) -> None:
         for name in [*s.works, *([s.ending[0]] if s.ending else [])]:
             s.results[name] = exc
         return
-    s.started = 1
     try:
         works = list(s.works.items()) + ([s.ending] if s.ending else [])
         for name, fn in works:
@@ -129,7 +124,6 @@ def _run_server(s: _Server) -> None:
         except AssertionError as exc:
             for name in s.results:
                 s.results[name] = exc
-        s.wall_s = round(time.monotonic() - start, 1)
 
 
 def _run_all() -> None:
@@ -150,14 +144,9 @@ def result(k, name):
     """The value ``name``'s work returned on server ``k`` (every registered
     server runs on the first call); re-raises its failure."""
     _run_all()
-    value = _SERVERS[k].results.get(name)
     if name not in _SERVERS[k].results:
         raise RuntimeError(f"work {name!r} did not run on {k}")
+    value = _SERVERS[k].results[name]
     if isinstance(value, BaseException):
         raise value
     return value
-
-
-def started() -> dict:
-    """``{key: servers started}`` of the servers run so far."""
-    return {k: s.started for k, s in _SERVERS.items()}
