@@ -71,6 +71,14 @@ SHARDED = {
     "SGLANG_HICACHE_RANK_SHARD_VERIFY_EVERY": "1",
 }
 REPLICATED = {"SGLANG_ENABLE_HICACHE_RANK_SHARD": "0"}
+# Test-only: shard rank 1 reports every second load-back as not fitting, as a
+# rank whose device allocation fails would (hicache_rank_shard/agreement.py).
+REFUSING = dict(
+    SHARDED,
+    SGLANG_TEST_HICACHE_RANK_SHARD_REFUSE_LOAD_RANK="1",
+    SGLANG_TEST_HICACHE_RANK_SHARD_REFUSE_LOAD_EVERY="2",
+)
+REFUSING_MODEL = "tiny-mla"  # a third server beside that model's pair
 TRIGGER = {"tiny-mla": "corrupt-kv", "tiny-dsa": "corrupt-index-k"}
 FIELD = {"tiny-mla": "kv", "tiny-dsa": "index_k"}
 WORDS = (
@@ -101,11 +109,24 @@ def one(server, text):
     )
 
 
+def refusals(log):
+    return [
+        (int(n), ranks)
+        for n, ranks in re.findall(
+            r"load-back of (\d+) tokens does not fit on shard rank\(s\) (\[[\d, ]*\]) of 2",
+            log,
+        )
+    ]
+
+
 def workload(server, model, record_dir, corrupt):
     def mark():
         return [len(r) for r in load_record.read(record_dir, TP)]
 
     out = dict(eviction=[one(server, t) for t in prompts(23, 4, 2)])
+    if not corrupt and not record_dir:  # the refusing server: that workload only
+        out["refusals"] = refusals(server.log_text())
+        return out
     marks = [mark()]
     texts = prompts(41, 4, 2)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
@@ -140,8 +161,10 @@ def workload(server, model, record_dir, corrupt):
 
 
 def serve(model, name, env):
-    record_dir = tempfile.mkdtemp(prefix=f"load-record-{model}-{name}-")
-    env = dict(env, **{load_record.ENV: record_dir})
+    record_dir = ""
+    if name != "refusing":
+        record_dir = tempfile.mkdtemp(prefix=f"load-record-{model}-{name}-")
+        env = dict(env, **{load_record.ENV: record_dir})
     t0 = time.monotonic()
     server = LiveServer("patched", ARGS, env=env, name=f"{model}-{name}", model=model)
     t1 = time.monotonic()
@@ -164,10 +187,12 @@ def serve(model, name, env):
 
 
 def run_pair(model):
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        sharded = pool.submit(serve, model, "sharded", SHARDED)
-        replicated = pool.submit(serve, model, "replicated", REPLICATED)
-        return dict(sharded=sharded.result(), replicated=replicated.result())
+    servers = dict(sharded=SHARDED, replicated=REPLICATED)
+    if model == REFUSING_MODEL:
+        servers["refusing"] = REFUSING
+    with concurrent.futures.ThreadPoolExecutor(len(servers)) as pool:
+        runs = {k: pool.submit(serve, model, k, env) for k, env in servers.items()}
+        return {k: run.result() for k, run in runs.items()}
 
 
 class RankShardServerChecks:
@@ -282,6 +307,32 @@ class TestRankShardServerMLA(RankShardServerChecks, unittest.TestCase):
         self.assertEqual(fault["left"], [], fault)
         self.assertIsNotNone(fault["tree_s"], fault)
         self.assertTrue(fault["port"]["free"], fault)
+
+    def test_a_load_back_one_rank_refuses_is_a_miss_on_both(self):
+        # Shard rank 1 refuses the group's 2nd, 4th, ... load-back: those
+        # revisits are recomputed on both ranks (no hang, no mismatch), so the
+        # outputs stay the replicated server's and each refused revisit loses
+        # exactly the host hits it had there. The sequential workload makes
+        # one load-back per revisit the replicated server served from host.
+        ours, theirs = self.runs["refusing"], self.runs["replicated"]
+        self.assertEqual(
+            [r["output_ids"] for r in ours["eviction"]],
+            [r["output_ids"] for r in theirs["eviction"]],
+        )
+        loads = [
+            i for i, r in enumerate(theirs["eviction"]) if r["details"].get("host")
+        ]
+        self.assertEqual(len(loads), 2, theirs["eviction"])  # the two revisits
+        refused = loads[1::2]
+        for i, (a, b) in enumerate(zip(ours["eviction"], theirs["eviction"])):
+            if i in refused:
+                self.assertEqual(a["cached"], b["cached"] - b["details"]["host"], i)
+                self.assertEqual(a["details"].get("host", 0), 0, i)
+            else:
+                self.assertEqual(a, b, i)
+        # logged once, naming the refusing rank and the load's size
+        expected = [(theirs["eviction"][i]["details"]["host"], "[1]") for i in refused]
+        self.assertEqual(sorted(set(ours["refusals"])), expected, ours["refusals"])
 
 
 class TestRankShardServerDSA(RankShardServerChecks, unittest.TestCase):
