@@ -58,9 +58,14 @@ class LiveServer:
         env: dict | None = None,
         name: str = "server",
         model: str = "tiny-llama",
+        nodes: int = 1,
     ):
         self.tree = tree
         self.extra_args = list(extra_args or [])
+        if nodes > 1:  # one launcher per node on this machine, node 0 serves
+            self.extra_args += ["--nnodes", str(nodes)]
+            self.extra_args += ["--dist-init-addr", f"{cpu_server.HOST}:{free_port()}"]
+        self.followers: list[subprocess.Popen] = []  # node ranks 1..nodes-1
         self.port = free_port()
         self.base_url = f"http://{cpu_server.HOST}:{self.port}"
         self.logdir = Path(tempfile.mkdtemp(prefix=f"live-{name}-"))
@@ -85,10 +90,18 @@ class LiveServer:
         child_env.update(env or {})
         command = ["sglang", "serve", "--model-path", str(model_path(model))]
         command += cpu_server.cpu_args(self.extra_args)
-        command += ["--host", cpu_server.HOST, "--port", str(self.port)]
         child_env.setdefault("SGLANG_WAIT_PORT_TIMEOUT", "120")
         self._out = open(self.stdout_path, "w")
         self._err = open(self.stderr_path, "w")
+        for node in range(1, nodes):  # each binds its own health port
+            follower = [*command, "--node-rank", str(node)]
+            follower += ["--host", cpu_server.HOST, "--port", str(free_port())]
+            self.followers.append(
+                subprocess.Popen(
+                    follower, stdout=self._out, stderr=self._err, env=child_env
+                )
+            )
+        command += ["--host", cpu_server.HOST, "--port", str(self.port)]
         self.proc = subprocess.Popen(
             command, stdout=self._out, stderr=self._err, env=child_env
         )
@@ -107,10 +120,9 @@ class LiveServer:
         deadline = time.monotonic() + timeout
         with requests.Session() as session:
             while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(
-                        f"server exited with code {self.proc.returncode}"
-                    )
+                for proc in (self.proc, *self.followers):
+                    if proc.poll() is not None:
+                        raise RuntimeError(f"server exited with code {proc.returncode}")
                 try:
                     r = session.get(f"{self.base_url}/health_generate", timeout=5)
                     if r.status_code == 200:
@@ -158,8 +170,14 @@ class LiveServer:
                 f.close()
 
     def pids(self) -> list[int]:
-        """PIDs of the launcher and every process under it."""
-        return cpu_server.process_tree(self.proc.pid) if self.proc is not None else []
+        """PIDs of the launcher(s) and every process under them."""
+        if self.proc is None:
+            return []
+        return [
+            pid
+            for proc in (self.proc, *self.followers)
+            for pid in cpu_server.process_tree(proc.pid)
+        ]
 
     def roles(self) -> dict[str, int]:
         """``{process title: PID}`` of this server's tree (see ``process_roles``)."""
@@ -171,9 +189,11 @@ class LiveServer:
         SIGKILL: ``stop_killed`` lists it (empty after a clean stop)."""
         if self.proc is None:
             return []
-        pids = cpu_server.process_tree(self.proc.pid)
-        self.stop_killed = cpu_server.stop_tree(self.proc, grace)
-        self.proc = None
+        pids = self.pids()
+        self.stop_killed = []
+        for proc in (self.proc, *self.followers):
+            self.stop_killed += cpu_server.stop_tree(proc, grace)
+        self.proc, self.followers = None, []
         self._close_logs()
         return pids
 

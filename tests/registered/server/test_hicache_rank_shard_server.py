@@ -73,6 +73,8 @@ SHARDED = {
 REPLICATED = {"SGLANG_ENABLE_HICACHE_RANK_SHARD": "0"}
 # Test-only: shard rank 1 reports every second load-back as not fitting, as a
 # rank whose device allocation fails would (hicache_rank_shard/agreement.py).
+# That server is launched as two nodes of one TP rank each (--nnodes 2): its
+# first revisit crosses the nodes in the owners' broadcasts, verified.
 REFUSING = dict(
     SHARDED,
     SGLANG_TEST_HICACHE_RANK_SHARD_REFUSE_LOAD_RANK="1",
@@ -109,6 +111,14 @@ def one(server, text):
     )
 
 
+def owners(log):
+    return re.findall(
+        r"HiCache rank shard: rank (\d)/2 owns KV layers (\[[\d, ]*\])"
+        r"(?: and indexer layers (\[[\d, ]*\]))?",
+        log,
+    )
+
+
 def refusals(log):
     return [
         (int(n), ranks)
@@ -126,6 +136,7 @@ def workload(server, model, record_dir, corrupt):
     out = dict(eviction=[one(server, t) for t in prompts(23, 4, 2)])
     if not corrupt and not record_dir:  # the refusing server: that workload only
         out["refusals"] = refusals(server.log_text())
+        out["owners"] = owners(server.log_text())
         return out
     marks = [mark()]
     texts = prompts(41, 4, 2)
@@ -151,11 +162,7 @@ def workload(server, model, record_dir, corrupt):
             r"Allocating kv hierarchical KV host pool: (\d+) tokens", log
         )
     ]
-    out["owners"] = re.findall(
-        r"HiCache rank shard: rank (\d)/2 owns KV layers (\[[\d, ]*\])"
-        r"(?: and indexer layers (\[[\d, ]*\]))?",
-        log,
-    )
+    out["owners"] = owners(log)
     out["errors"] = log.count("HiCache rank shard verify")
     return out
 
@@ -166,7 +173,10 @@ def serve(model, name, env):
         record_dir = tempfile.mkdtemp(prefix=f"load-record-{model}-{name}-")
         env = dict(env, **{load_record.ENV: record_dir})
     t0 = time.monotonic()
-    server = LiveServer("patched", ARGS, env=env, name=f"{model}-{name}", model=model)
+    nodes = 2 if name == "refusing" else 1  # one launcher per TP rank
+    server = LiveServer(
+        "patched", ARGS, env=env, name=f"{model}-{name}", model=model, nodes=nodes
+    )
     t1 = time.monotonic()
     try:
         out = workload(server, model, record_dir, corrupt=name == "sharded")
@@ -308,13 +318,15 @@ class TestRankShardServerMLA(RankShardServerChecks, unittest.TestCase):
         self.assertIsNotNone(fault["tree_s"], fault)
         self.assertTrue(fault["port"]["free"], fault)
 
-    def test_a_load_back_one_rank_refuses_is_a_miss_on_both(self):
+    def test_two_nodes_shard_and_a_load_back_one_rank_refuses_is_a_miss_on_both(self):
         # Shard rank 1 refuses the group's 2nd, 4th, ... load-back: those
         # revisits are recomputed on both ranks (no hang, no mismatch), so the
         # outputs stay the replicated server's and each refused revisit loses
         # exactly the host hits it had there. The sequential workload makes
         # one load-back per revisit the replicated server served from host.
         ours, theirs = self.runs["refusing"], self.runs["replicated"]
+        # sharded across the two nodes: each TP rank logs its own layers
+        self.assertEqual(sorted(ours["owners"]), sorted(self.runs["sharded"]["owners"]))
         self.assertEqual(
             [r["output_ids"] for r in ours["eviction"]],
             [r["output_ids"] for r in theirs["eviction"]],

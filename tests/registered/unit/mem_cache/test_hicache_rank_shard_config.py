@@ -108,12 +108,20 @@ class TestActivationMatrix(unittest.TestCase):
     def test_supported_configuration_has_no_reason(self):
         self.assertEqual(self._reasons(), [])
 
+    def test_more_nodes_keep_it_on(self):
+        # The exchange and the agreement are process-group collectives over the
+        # shard group's ranks, wherever they run (live: a 2-node TP=2 launch in
+        # server/test_hicache_rank_shard_server.py).
+        from sglang.srt.runtime_context import get_parallel
+
+        with get_parallel().override(nnodes=2):
+            self.assertEqual(self._reasons(), [])
+
     def test_each_condition_alone_turns_it_off_and_is_named(self):
         from sglang.srt.runtime_context import get_disagg, get_memory, get_parallel
 
         cases = [
             (get_parallel, dict(pp_size=2), "pp_size=2"),
-            (get_parallel, dict(nnodes=2), "nnodes=2"),
             (get_parallel, dict(dcp_enabled=True, attn_dcp_size=2), "(DCP)"),
             (
                 get_parallel,
