@@ -80,7 +80,7 @@ REFUSING = dict(
     SGLANG_TEST_HICACHE_RANK_SHARD_REFUSE_LOAD_RANK="1",
     SGLANG_TEST_HICACHE_RANK_SHARD_REFUSE_LOAD_EVERY="2",
 )
-REFUSING_MODEL = "tiny-mla"  # a third server beside that model's pair
+REFUSING_MODEL = "tiny-dsa"  # a third server beside that model's pair
 TRIGGER = {"tiny-mla": "corrupt-kv", "tiny-dsa": "corrupt-index-k"}
 FIELD = {"tiny-mla": "kv", "tiny-dsa": "index_k"}
 WORDS = (
@@ -318,6 +318,10 @@ class TestRankShardServerMLA(RankShardServerChecks, unittest.TestCase):
         self.assertIsNotNone(fault["tree_s"], fault)
         self.assertTrue(fault["port"]["free"], fault)
 
+
+class TestRankShardServerDSA(RankShardServerChecks, unittest.TestCase):
+    MODEL = "tiny-dsa"
+
     def test_two_nodes_shard_and_a_load_back_one_rank_refuses_is_a_miss_on_both(self):
         # Shard rank 1 refuses the group's 2nd, 4th, ... load-back: those
         # revisits are recomputed on both ranks (no hang, no mismatch), so the
@@ -345,10 +349,6 @@ class TestRankShardServerMLA(RankShardServerChecks, unittest.TestCase):
         # logged once, naming the refusing rank and the load's size
         expected = [(theirs["eviction"][i]["details"]["host"], "[1]") for i in refused]
         self.assertEqual(sorted(set(ours["refusals"])), expected, ours["refusals"])
-
-
-class TestRankShardServerDSA(RankShardServerChecks, unittest.TestCase):
-    MODEL = "tiny-dsa"
 
 
 if __name__ == "__main__":
