@@ -201,6 +201,48 @@ CONTROLS = (
         what="a rank-sharded load-back is decided by each rank alone",
     ),
     Control(
+        name="rank-shard-decode-worker-refused",
+        level="cheap",
+        module="srt/mem_cache/hicache_rank_shard/config.py",
+        old='        or get_disagg().disaggregation_decode_retraction_backup != "host_pool",\n',
+        new="        or False,  # negative control: every PD decode worker refused\n",
+        tests=(
+            R + "unit/mem_cache/test_hicache_rank_shard.py::TestRankShardDecodeWorker",
+            R + "unit/mem_cache/test_hicache_rank_shard.py::TestRankShardDecodeRestores"
+            "::test_the_decode_host_tier_holds_only_owned_layers",
+        ),
+        expected=(
+            "test_a_pd_decode_worker_qualifies",
+            "test_the_decode_host_tier_holds_only_owned_layers",
+        ),
+        what="rank shard stays refused on every PD decode worker",
+    ),
+    Control(
+        name="rank-shard-host-pool-retraction-allowed",
+        level="cheap",
+        module="srt/mem_cache/hicache_rank_shard/config.py",
+        old='        or get_disagg().disaggregation_decode_retraction_backup != "host_pool",\n',
+        new="        or True,  # negative control: host-pool retraction allowed\n",
+        tests=(
+            R + "unit/mem_cache/test_hicache_rank_shard.py::TestRankShardDecodeWorker",
+        ),
+        expected=("test_host_pool_retraction_is_refused_naming_the_flag",),
+        what="a decode worker retracting to the host pool is rank-sharded",
+    ),
+    Control(
+        name="rank-shard-decode-restore-not-agreed",
+        level="full",
+        module="srt/managers/cache_controller.py",
+        old="        return self.rank_shard.agreement.agree_each(oks)\n",
+        new="        return oks  # negative control: each rank keeps its own outcome\n",
+        tests=(
+            R + "unit/mem_cache/test_hicache_rank_shard.py"
+            "::TestRankShardDecodeRestores",
+        ),
+        expected=("the ranks did not take the decode restores together",),
+        what="a PD decode restore that failed on one rank stays queued on the others",
+    ),
+    Control(
         name="prompt-id-check-removed",
         level="cheap",
         module="srt/managers/tokenizer_manager.py",

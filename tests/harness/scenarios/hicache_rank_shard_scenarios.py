@@ -565,3 +565,119 @@ def exchange_without_peer(rank: int, world_size: int, *, loader: int = 0) -> dic
     # is done: its broadcast times out rather than seeing them exit.
     torch.distributed.barrier()
     return out
+
+
+# ------------------------------------------------ PD decode restores (queue)
+def decode_restores(
+    rank: int,
+    world_size: int,
+    *,
+    refuse_rank: int = 1,
+    short_promise_rank: int = 1,
+    agree: bool = True,
+    layer_num: int = 4,
+    tokens: int = 64,
+) -> dict:
+    """Restores of a PD decode worker at TP=``world_size``, through the real
+    ``DecodePreallocQueue`` / ``DecodeTransferQueue`` (admission, then the
+    transfer queue's restore state machine) over a real ``UnifiedRadixCache``
+    of plain MLA. Four prefixes are cached (the same seeded rows on every
+    rank, as replicated TP ranks hold), written through to host and evicted
+    from the device; then one request per prefix, one at a time:
+
+    0. restored as planned;
+    1. ``refuse_rank``'s device pool reads full during its restore (its
+       load-back does not fit there);
+    2. ``short_promise_rank``'s restore fails after its load-back was agreed
+       and queued (that rank's request promises prefill one page more than its
+       host span, so the restore's coverage check fails on that rank only);
+    3. restored as planned.
+
+    ``agree=False`` (negative control) skips the group agreement of the
+    restore outcome. Returns per request its status, whether this rank's
+    restored device rows equal the cached rows bit for bit and their digest,
+    and the decode host pool's layers."""
+    import hashlib
+
+    from sglang.srt.mem_cache.hicache_storage import PoolName
+
+    from harness.stacks.decode_hicache_stack import build_decode_stack, random_tokens
+
+    stack = build_decode_stack(rank, world_size, layer_num=layer_num)
+    cache = stack.cache
+    cc = cache.cache_controller
+    shard = cc.rank_shard
+    # The scheduler sets the load fence on every HiCache controller.
+    cc.load_fence_stream = torch.cpu.current_stream()
+    if not agree:
+        cc.agree_restores = lambda oks: oks
+    kv_host = cc.mem_pool_host.get_pool(PoolName.KV)
+    rng = random.Random(7)
+    gen = torch.Generator().manual_seed(7)
+    seqs = [random_tokens(rng, tokens) for _ in range(4)]
+    cached = [stack.cache_prefix(s, gen) for s in seqs]
+    _wait_written_through(cache)
+    evicted = stack.evict_device(tokens * len(seqs))
+    restores = []
+    for i, seq in enumerate(seqs):
+        dr = stack.make_request(f"r{i}", seq + random_tokens(rng, 16))
+        stack.prealloc.queue.append(dr)
+        admitted, _ = stack.admit()
+        pm = dr.prefix_match
+        promised = dr.kv_receiver.metadata["decode_prefix_len"]
+        if i == 2 and rank == short_promise_rank:
+            pm.l2_host_hit_length += stack.page_size
+        refuse = i == 1 and rank == refuse_rank
+        if refuse:  # this rank's device pool reads as full
+            full, evict = cache._component_available_size, cache.evict_for_alloc
+            cache._component_available_size = lambda component: 0
+            cache.evict_for_alloc = lambda params: None
+        try:
+            for _ in range(20):
+                stack.restore_tick()
+                if dr.hicache_restore_status.value != "pending":
+                    break
+        finally:
+            if refuse:
+                cache._component_available_size = full
+                cache.evict_for_alloc = evict
+        out = dict(
+            admitted=[d.req.rid for d in admitted],
+            promised=promised,
+            l2=pm.l2_host_hit_length,
+            status=dr.hicache_restore_status.value,
+            exact=None,
+            digest=None,
+        )
+        if out["status"] == "ready":
+            rows = stack.device_rows(dr.hicache_restored_kv_indices)
+            out["exact"] = all(
+                torch.equal(a, b) for a, b in zip(rows, cached[i]["rows"])
+            )
+            digest = hashlib.sha256()
+            for r in rows:
+                digest.update(r.view(torch.int16).numpy().tobytes())
+            out["digest"] = digest.hexdigest()
+            stack.finish(dr)
+        else:
+            stack.abort_in_transfer(dr)
+        restores.append(out)
+    # A restore that failed after its load-back was queued leaves the load
+    # in the queue (as upstream's does): start it, on every rank.
+    cache.ready_to_load_host_cache()
+    cache.loading_check()
+    agreement = shard.agreement if shard is not None else None
+    return dict(
+        rank=rank,
+        sglang=sglang_identity(),
+        sharded=shard is not None,
+        evicted=evicted,
+        kv_host_layers=list(kv_host._target_layer_indices),
+        kv_host_layer_num=kv_host.layer_num,
+        kv_host_bytes=kv_host.kv_buffer.numel() * kv_host.kv_buffer.element_size(),
+        kv_host_size=kv_host.size,
+        restores=restores,
+        split=agreement.num_split if agreement else None,
+        restores_split=agreement.num_restores_split if agreement else None,
+        bytes_received=shard.exchange.bytes_received if shard else 0,
+    )

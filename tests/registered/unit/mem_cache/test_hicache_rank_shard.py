@@ -15,6 +15,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.gloo_ranks import RankFailure, run_ranks
 from harness.scenarios.hicache_rank_shard_scenarios import (
+    decode_restores,
     exchange_without_peer,
     load_back_agreement,
     require_rank_shard,
@@ -429,7 +430,155 @@ class TestRankShardLoadBackAgreement(unittest.TestCase):
         )
 
 
+class TestRankShardDecodeWorker(unittest.TestCase):
+    """A PD decode worker qualifies: its restores load through start_loading
+    (fenced, agreed by the shard group); a host-pool retraction restore
+    copies every layer outside it, and is refused with its flag named."""
+
+    @classmethod
+    def setUpClass(cls):
+        from sglang.srt.runtime_context import reset_context
+
+        # The published topology is process-wide: leave none behind.
+        cls.addClassCleanup(reset_context)
+        publish_server_args(0, 2)
+        cls.pool = dsa_device_pool()
+
+    def _reasons(self, **disagg):
+        from sglang.srt.mem_cache.hicache_rank_shard.config import (
+            rank_shard_inactive_reasons,
+        )
+        from sglang.srt.runtime_context import get_disagg
+
+        decode = dict(
+            disaggregation_mode="decode", disaggregation_decode_enable_radix_cache=True
+        )
+        with get_disagg().override(**decode, **disagg):
+            return rank_shard_inactive_reasons(self.pool)
+
+    def test_a_pd_decode_worker_qualifies(self):
+        for backup in (None, "cpu_tensor"):
+            self.assertEqual(
+                self._reasons(disaggregation_decode_retraction_backup=backup),
+                [],
+                backup,
+            )
+
+    def test_host_pool_retraction_is_refused_naming_the_flag(self):
+        reasons = self._reasons(disaggregation_decode_retraction_backup="host_pool")
+        self.assertEqual(len(reasons), 1, reasons)
+        self.assertIn("--disaggregation-decode-retraction-backup host_pool", reasons[0])
+
+
+def run_decode_restores(env, **kwargs):
+    env = {"SGLANG_HICACHE_RANK_SHARD_EXCHANGE_TIMEOUT_S": "30", **env}
+    try:
+        return run_ranks(decode_restores, 2, timeout=600, env=env, **kwargs)
+    except RankFailure as e:
+        raise AssertionError(
+            f"the ranks did not take the decode restores together: {e}"
+        ) from None
+
+
+class TestRankShardDecodeRestores(unittest.TestCase):
+    """A PD decode worker's restores at TP=2, through the real decode queues
+    (admission, then the transfer queue's restore state machine) over
+    UnifiedRadixCache with plain MLA: 4 layers, 2 owned per rank, rows of
+    64 + 16 bf16; four 64-token prefixes restored from host one at a time
+    (decode_restores: the second refused by rank 1's device pool, the third
+    failing on rank 1 after its load-back was agreed). The same run on a
+    replicated host tier is the reference."""
+
+    TOKENS, LAYERS, WORLD = 64, 4, 2
+    ROW_BYTES = (64 + 16) * 2
+
+    runs: dict = {}
+
+    def _run(self, name, env):
+        """Each run once, in the first test that reads it, so that ranks that
+        do not restore together fail the tests by assertion (each test with
+        the first run's error)."""
+        if name not in self.runs:
+            try:
+                self.runs[name] = run_decode_restores(env)
+            except AssertionError as e:
+                self.runs[name] = e
+        if isinstance(self.runs[name], AssertionError):
+            raise AssertionError(str(self.runs[name]))
+        return self.runs[name]
+
+    @property
+    def sharded(self):
+        return self._run("sharded", ON)
+
+    @property
+    def replicated(self):
+        return self._run("replicated", {})
+
+    def test_the_decode_host_tier_holds_only_owned_layers(self):
+        for r in self.sharded:
+            self.assertTrue(r["sharded"], r)
+            owned = list(range(self.LAYERS))[r["rank"] :: self.WORLD]
+            self.assertEqual(r["kv_host_layers"], owned, r)
+            self.assertEqual(r["kv_host_layer_num"], len(owned), r)
+            self.assertEqual(
+                r["kv_host_bytes"], r["kv_host_size"] * len(owned) * self.ROW_BYTES
+            )
+        for r in self.replicated:
+            self.assertFalse(r["sharded"], r)
+            self.assertEqual(r["kv_host_layers"], list(range(self.LAYERS)), r)
+
+    def test_restores_are_bit_exact_and_equal_the_replicated_ones(self):
+        for run in (self.sharded, self.replicated):
+            for r in run:
+                self.assertEqual(r["evicted"], 4 * self.TOKENS, r)
+                for i in (0, 3):
+                    restore = r["restores"][i]
+                    self.assertEqual(restore["promised"], self.TOKENS, (i, r))
+                    self.assertEqual(restore["status"], "ready", (i, r))
+                    self.assertIs(restore["exact"], True, (i, r))
+        for i in (0, 3):
+            digests = {r["restores"][i]["digest"] for r in self.sharded}
+            digests |= {r["restores"][i]["digest"] for r in self.replicated}
+            self.assertEqual(len(digests), 1, (i, digests))
+
+    def test_a_restore_one_rank_cannot_fit_fails_on_both_ranks(self):
+        for r in self.sharded:
+            self.assertEqual(r["restores"][1]["status"], "failed", r)
+            self.assertEqual(r["split"], 1, r)  # the load-back's agreement
+        # replicated, each rank decides alone (the KV poll's all-reduce fails
+        # the request on both in a server)
+        statuses = [r["restores"][1]["status"] for r in self.replicated]
+        self.assertEqual(statuses, ["ready", "failed"])
+
+    def test_a_restore_failing_on_one_rank_after_its_load_fails_on_both(self):
+        for r in self.sharded:
+            self.assertEqual(r["restores"][2]["status"], "failed", r)
+        # rank 0 had queued it; rank 1 failed it
+        self.assertEqual([r["restores_split"] for r in self.sharded], [1, 0])
+        # every load that was queued ran on both ranks, the third's included:
+        # each rank received its peer's two layers of loads 0, 2 and 3
+        for r in self.sharded:
+            self.assertEqual(
+                r["bytes_received"], 3 * self.TOKENS * 2 * self.ROW_BYTES, r
+            )
+
+
 class TestRankShardNegativeControls(unittest.TestCase):
+    def test_without_the_restore_agreement_one_rank_waits_in_the_exchange(self):
+        # Negative control of the decode restore agreement: rank 0 starts
+        # the load of the restore rank 1 failed, and its broadcast waits for a
+        # peer that never comes (bounded by the exchange timeout).
+        with self.assertRaises(AssertionError) as ctx:
+            run_decode_restores(
+                {**ON, "SGLANG_HICACHE_RANK_SHARD_EXCHANGE_TIMEOUT_S": "2"},
+                agree=False,
+            )
+        self.assertIn(
+            "the ranks did not take the decode restores together", str(ctx.exception)
+        )
+        self.assertIn("from shard rank 0 (global rank 0) failed", str(ctx.exception))
+
     def test_skipping_the_exchange_is_caught(self):
         for model in ("dsa", "mla"):
             results = run_ranks(

@@ -118,8 +118,10 @@ class TestActivationMatrix(unittest.TestCase):
             self.assertEqual(self._reasons(), [])
 
     def test_each_condition_alone_turns_it_off_and_is_named(self):
-        from sglang.srt.runtime_context import get_disagg, get_memory, get_parallel
+        from sglang.srt.runtime_context import get_memory, get_parallel
 
+        # (a PD decode worker: test_hicache_rank_shard.py, from the patch that
+        # shards it)
         cases = [
             (get_parallel, dict(pp_size=2), "pp_size=2"),
             (get_parallel, dict(dcp_enabled=True, attn_dcp_size=2), "(DCP)"),
@@ -150,7 +152,6 @@ class TestActivationMatrix(unittest.TestCase):
                 "--enable-linker-mla-dedup",
             ),
             (get_memory, dict(enable_hisparse=True), "--enable-hisparse"),
-            (get_disagg, dict(disaggregation_mode="decode"), "PD decode worker"),
         ]
         for bag, override, expected in cases:
             with bag().override(**override):
