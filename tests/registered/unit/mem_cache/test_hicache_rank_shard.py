@@ -356,14 +356,21 @@ class TestRankShardPlanInactive(unittest.TestCase):
                 log_rank_shard_without_hicache()
 
 
-def run_ranks_agreeing(env=None, **kwargs):
-    env = {**ON, "SGLANG_HICACHE_RANK_SHARD_EXCHANGE_TIMEOUT_S": "30", **(env or {})}
+def run_ranks_together(scenario, what, env, **kwargs):
+    """Two ranks of ``scenario`` with a short exchange wait: a rank stuck in a
+    broadcast its peer never joins fails the test naming ``what``."""
+    env = {"SGLANG_HICACHE_RANK_SHARD_EXCHANGE_TIMEOUT_S": "30", **env}
     try:
-        return run_ranks(load_back_agreement, 2, timeout=600, env=env, **kwargs)
+        return run_ranks(scenario, 2, timeout=600, env=env, **kwargs)
     except RankFailure as e:
         raise AssertionError(
-            f"the ranks did not take the load-backs together: {e}"
+            f"the ranks did not take the {what} together: {e}"
         ) from None
+
+
+def run_ranks_agreeing(env=None, **kwargs):
+    env = {**ON, **(env or {})}
+    return run_ranks_together(load_back_agreement, "load-backs", env, **kwargs)
 
 
 class TestRankShardLoadBackAgreement(unittest.TestCase):
@@ -471,13 +478,7 @@ class TestRankShardDecodeWorker(unittest.TestCase):
 
 
 def run_decode_restores(env, **kwargs):
-    env = {"SGLANG_HICACHE_RANK_SHARD_EXCHANGE_TIMEOUT_S": "30", **env}
-    try:
-        return run_ranks(decode_restores, 2, timeout=600, env=env, **kwargs)
-    except RankFailure as e:
-        raise AssertionError(
-            f"the ranks did not take the decode restores together: {e}"
-        ) from None
+    return run_ranks_together(decode_restores, "decode restores", env, **kwargs)
 
 
 class TestRankShardDecodeRestores(unittest.TestCase):
