@@ -15,12 +15,12 @@ the host tier), the same shape from 4 concurrent clients (loads and forwards
 interleave under the forward gate), ``capacity`` (DSA only: 8 prompts, ~3200
 tokens: more than the replicated host tier holds, less than the sharded one,
 then the first three again; the capacity code is the same for both pools, and
-the 4-rank MLA servers cost about twice the 2-rank ones) and ``negative`` (a prompt pushed out of the device pool and
-revisited; on the sharded server rank 0 zeroes one host page of that
-load-back first). Under DP attention each request names its DP rank
-(``routed_dp_rank``): ``eviction`` goes to DP rank 1 (shard ranks 2 and 3)
-while DP rank 0 idles, ``negative`` to DP rank 0 (rank 0's
-group), the concurrent clients alternate.
+the 4-rank MLA servers are the dearer pair) and ``negative`` (a prompt pushed
+out of the device pool and revisited; on the sharded server rank 0 zeroes one
+host page of that load-back first). Under DP attention each request names its
+DP rank (``routed_dp_rank``): ``eviction`` goes to DP rank 1 (shard ranks 2
+and 3) while DP rank 0 idles, ``negative`` to DP rank 0 (rank 0's group), the
+concurrent clients alternate.
 
 Each server records the prefix rows every extend's attention reads, per rank
 (``harness.load_record``: KV rows, and for DSA the index-K pages, which dense
@@ -32,8 +32,8 @@ sequential workload, with no rows read by an idle DP group's ranks; host hits
 present; every rank logs the layers it owns as rank r of its shard group of 2
 (under DP attention: the attention-TP group, 2 of the 4 layers each); host
 capacity from the geometry (sharded 2x the replicated tier at the same
-``--hicache-ratio``); the DSA capacity workload gets more host hits on the sharded
-server with the same outputs; the zeroed owner page shows in the record of
+``--hicache-ratio``); the DSA capacity workload gets more host hits on the
+sharded server with the same outputs; the zeroed owner page shows in the record of
 layer 0 on both ranks (rank 1 received it in the owner's broadcast) and
 nowhere else; both servers stop on SIGTERM leaving no process, except the
 replicated MLA server, which ends with TP rank 1's scheduler SIGKILLed under
