@@ -681,3 +681,176 @@ def decode_restores(
         restores_split=agreement.num_restores_split if agreement else None,
         bytes_received=shard.exchange.bytes_received if shard else 0,
     )
+
+
+# ------------------------------------------------------- DP attention groups
+def _shard_over_full_tp() -> None:
+    """Negative control: the plan builds its shard group from the full TP
+    group (and counts its ranks), not from the cache's attention-TP group."""
+    import dataclasses
+
+    from sglang.srt.distributed.parallel_state import get_tp_group
+    from sglang.srt.mem_cache.hicache_rank_shard import plan
+    from sglang.srt.mem_cache.hybrid_cache import hybrid_pool_assembler as assembler
+
+    original = assembler.maybe_plan_rank_shard
+    plan.rank_shard_group_size = lambda parallel: parallel.tp_size
+
+    def full_tp(*, kvcache, params):
+        params = dataclasses.replace(params, tp_cache_group=get_tp_group().cpu_group)
+        return original(kvcache=kvcache, params=params)
+
+    assembler.maybe_plan_rank_shard = full_tp
+
+
+def dp_attention_load_backs(
+    rank: int,
+    world_size: int,
+    *,
+    dp_size: int = 2,
+    layer_num: int = 4,
+    loads_by_group=(3, 1),
+    tokens: int = 64,
+    shard_over_full_tp: bool = False,
+    cache_over_full_tp: bool = False,
+) -> dict:
+    """Rank shard under DP attention: ``world_size`` ranks at ``--tp
+    world_size --dp-size dp_size --enable-dp-attention``, with the process
+    groups a scheduler creates and a real ``UnifiedRadixCache`` on each rank
+    given the group a scheduler gives it (its attention-TP group).
+
+    Each DP group caches prefixes of its own (its own tokens and KV rows, as
+    DP groups serve different requests), writes them through to host and
+    evicts them from the device. Then, step by step, DP group ``g`` loads
+    one back (``load_back`` + ``ready_to_load_host_cache``, the agreement
+    and the exchange included) while ``step < loads_by_group[g]``, and idles
+    otherwise; every step ends with an all-reduce over the full TP group, as
+    each DP-attention iteration does (an idle group joins it with an idle
+    batch). After each load-back the rank compares its device rows with the
+    cached rows bit for bit. ``shard_over_full_tp`` (negative control): the
+    shard group is the full TP group. ``cache_over_full_tp``: the cache is
+    given the full TP group (a scheduler handing it ``get_tp_group()``)."""
+    from array import array
+
+    import torch.distributed as dist
+    from sglang.srt.distributed.parallel_state import get_tp_group
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+    from sglang.srt.runtime_context import get_parallel
+
+    from harness.stacks.decode_hicache_stack import build_decode_stack, random_tokens
+
+    if shard_over_full_tp:
+        _shard_over_full_tp()
+    if cache_over_full_tp:
+        from sglang.srt.distributed.parallel_state import get_tp_group
+        from sglang.srt.layers import dp_attention
+
+        dp_attention.get_dp_tp_group = get_tp_group
+    stack = build_decode_stack(
+        rank,
+        world_size,
+        layer_num=layer_num,
+        server_args_overrides=dict(
+            disaggregation_mode="null",
+            disaggregation_decode_enable_radix_cache=False,
+            dp_size=dp_size,
+            enable_dp_attention=True,
+        ),
+        scheduler_groups=True,
+    )
+    parallel = get_parallel()
+    group = parallel.attn_dp_rank
+    cache = stack.cache
+    shard = cache.cache_controller.rank_shard
+    cache.cache_controller.load_fence_stream = torch.cpu.current_stream()
+    tp_cpu_group = get_tp_group().cpu_group
+    # Each DP group its own requests: its own tokens and rows.
+    rng = random.Random(100 + group)
+    gen = torch.Generator().manual_seed(100 + group)
+    steps = max(loads_by_group)
+    seqs = [random_tokens(rng, tokens) for _ in range(steps)]
+    cached = [stack.cache_prefix(s, gen) for s in seqs]
+    _wait_written_through(cache)
+    evicted = stack.evict_device(tokens * steps)
+    broadcasts = _count_calls(dist, "broadcast")  # the exchange's, from here on
+    loads, per_step = [], []
+    for step in range(steps):
+        before = len(broadcasts)
+        if step < loads_by_group[group]:
+            seq = seqs[step]
+            key = RadixKey(array("q", seq))
+            match = cache.match_prefix(MatchPrefixParams(key=key))
+            loaded = cache.load_back(match.best_match_node)
+            cache.ready_to_load_host_cache()
+            cache.loading_check()
+            after = cache.match_prefix(MatchPrefixParams(key=key))
+            exact = None
+            if after.device_prefix_len == len(seq):
+                rows = stack.device_rows(
+                    cache.path_device_indices(after.last_device_node)
+                )
+                exact = all(
+                    torch.equal(a, b) for a, b in zip(rows, cached[step]["rows"])
+                )
+            loads.append(
+                dict(
+                    loaded=bool(loaded),
+                    host_hit=int(match.host_hit_length),
+                    device_after=int(after.device_prefix_len),
+                    exact=exact,
+                )
+            )
+        per_step.append(len(broadcasts) - before)
+        # The iteration's collective over every rank of the TP group.
+        dist.all_reduce(torch.zeros(1), group=tp_cpu_group)
+        if loads and not loads[-1]["exact"]:
+            break  # wrong rows: a broken shard group; stop before it hangs
+    plan = shard.plan if shard is not None else None
+    from sglang.srt.mem_cache.hicache_storage import PoolName
+
+    kv_host = cache.cache_controller.mem_pool_host.get_pool(PoolName.KV)
+    return dict(
+        rank=rank,
+        sglang=sglang_identity(),
+        attn_dp_rank=group,
+        attn_tp=(parallel.attn_tp_rank, parallel.attn_tp_size),
+        sharded=shard is not None,
+        shard_rank=plan.rank if plan else None,
+        shard_size=plan.tp_size if plan else None,
+        group_ranks=list(plan.group_ranks) if plan else None,
+        kv_host_layers=list(kv_host._target_layer_indices),
+        kv_host_size=kv_host.size,
+        row_bytes=stack.pool.kv_buffer[0][0].numel()
+        * stack.pool.kv_buffer[0].element_size(),
+        evicted=evicted,
+        loads=loads,
+        broadcasts_per_step=per_step,
+        decisions=shard.agreement.num_decisions if shard else None,
+        bytes_sent=shard.exchange.bytes_sent if shard else 0,
+        bytes_received=shard.exchange.bytes_received if shard else 0,
+        **_wire_bytes(broadcasts, dist.get_rank()),
+    )
+
+
+def inactive_reasons_by_pool(
+    rank: int, world_size: int, *, tp_size: int, pools, **overrides
+) -> list:
+    """The activation check's reasons for a freshly published ServerArgs, for
+    each DSA pool of ``pools`` ((KV layers, live indexer layers) each)."""
+    from sglang.srt.mem_cache.hicache_rank_shard.config import (
+        rank_shard_inactive_reasons,
+    )
+
+    from harness.stacks.dsa_hicache_stack import dsa_device_pool, publish_server_args
+
+    publish_server_args(rank, tp_size, **overrides)
+    out = []
+    for kv, live in pools:
+        skip = [i >= live for i in range(kv)]
+        out.append(
+            rank_shard_inactive_reasons(
+                dsa_device_pool(layer_num=kv, skip_topk_layers=skip)
+            )
+        )
+    return out

@@ -249,7 +249,11 @@ def build_decode_stack(
     num_reserved_decode_tokens: int = 16,
     server_args_overrides: dict | None = None,
     tree_core: str = "python",
+    scheduler_groups: bool = False,
 ) -> DecodeStack:
+    """``scheduler_groups``: create the scheduler's process groups
+    (``init_scheduler_groups``) and hand the cache the one a scheduler does
+    (under DP attention the attention-TP group); else the world group."""
     import torch.distributed as dist
 
     from standins import cpu_kvcacheio_standin as kvcacheio
@@ -258,6 +262,11 @@ def build_decode_stack(
     overrides = dict(server_args_overrides or {})
     overrides.setdefault("page_size", page_size)
     server_args = publish_decode_server_args(rank, world_size, **overrides)
+    cache_group = dist.group.WORLD
+    if scheduler_groups:
+        from harness.stacks.dsa_hicache_stack import init_scheduler_groups
+
+        cache_group = init_scheduler_groups(server_args, rank, world_size)
     kvcacheio.install()
     pinned_memory.install()
 
@@ -293,7 +302,7 @@ def build_decode_stack(
         req_to_token_pool=req_to_token_pool,
         token_to_kv_pool_allocator=allocator,
         page_size=page_size,
-        tp_cache_group=dist.group.WORLD,
+        tp_cache_group=cache_group,
         tree_core_backend=tree_core,
         tree_components=(ComponentType.FULL,),
     )

@@ -84,6 +84,27 @@ def publish_server_args(rank: int, world_size: int, **overrides):
     return server_args
 
 
+def init_scheduler_groups(server_args, rank: int, world_size: int):
+    """The process groups a scheduler creates (``bootstrap._init_parallel_groups``:
+    the world group over the gloo group the rank already joined, the model
+    parallel groups at the published widths, the DP-attention placement).
+    Returns the group ``kv_cache_builder`` hands the cache as
+    ``tp_cache_group``: ``get_dp_tp_group()``, the attention-TP group under
+    DP attention."""
+    from sglang.srt.distributed.parallel_state import (
+        init_distributed_environment,
+        initialize_model_parallel,
+    )
+    from sglang.srt.layers.dp_attention import get_dp_tp_group, initialize_dp_attention
+
+    init_distributed_environment(
+        backend="gloo", world_size=world_size, rank=rank, local_rank=rank
+    )
+    initialize_model_parallel()
+    initialize_dp_attention(server_args=server_args)
+    return get_dp_tp_group().cpu_group
+
+
 def dsa_device_pool(
     *,
     size: int = 256,

@@ -1,35 +1,50 @@
 """The rank-sharded host tier on a running server, for both model families it
-covers: a tiny DeepSeek-V3 (plain MLA, ``tiny-mla``, page size 1) and a tiny
-DeepSeek-V3.2 (MLA + DSA indexer, ``tiny-dsa``, page size 64), each at
-``--tp 2`` on CPU (gloo) with HiCache and a 1024-token device pool, sharded
-(``SGLANG_ENABLE_HICACHE_RANK_SHARD=1``, ``..._VERIFY_EVERY=1``: every load-back
-checks that both ranks load the same host pages) against the same server with
-the switch unset. The two servers of a model run side by side.
+covers and both places its shard group lives: a tiny DeepSeek-V3 (plain MLA,
+``tiny-mla``, page size 1) under DP attention (``--tp 4 --dp-size 2
+--enable-dp-attention``: two attention-TP groups of 2 ranks, each its own
+shard group) and a tiny DeepSeek-V3.2 (MLA + DSA indexer, ``tiny-dsa``, page
+size 64) at ``--tp 2``, on CPU (gloo) with HiCache and a 1024-token device
+pool per rank, sharded (``SGLANG_ENABLE_HICACHE_RANK_SHARD=1``,
+``..._VERIFY_EVERY=1``: every load-back checks that the group's ranks load the
+same host pages) against the same server with the switch unset. The two
+servers of a model run side by side.
 
 Workloads (greedy, 400-token prompts): ``eviction`` (four prompts, more than
 the device pool holds, then the first two again: their prefixes come back from
 the host tier), the same shape from 4 concurrent clients (loads and forwards
-interleave under the forward gate), ``capacity`` (8 prompts, ~3200 tokens:
-more than the replicated host tier holds, less than the sharded one, then the
-first three again) and ``negative`` (a prompt pushed out of the device pool and
-revisited; on the sharded server rank 0 zeroes one host page of that
-load-back first).
+interleave under the forward gate), ``capacity`` (DSA only: 8 prompts, ~3200
+tokens: more than the replicated host tier holds, less than the sharded one,
+then the first three again; the capacity code is the same for both pools, and
+the 4-rank MLA servers are the dearer pair) and ``negative`` (a prompt pushed
+out of the device pool and revisited; on the sharded server rank 0 zeroes one
+host page of that load-back first). Under DP attention each request names its
+DP rank (``routed_dp_rank``): ``eviction`` goes to DP rank 1 (shard ranks 2
+and 3) while DP rank 0 idles, ``negative`` to DP rank 0 (rank 0's group), the
+concurrent clients alternate.
 
 Each server records the prefix rows every extend's attention reads, per rank
 (``harness.load_record``: KV rows, and for DSA the index-K pages, which dense
 attention never reads, so equal outputs cannot prove them).
 
 Checks: identical output ids per request; identical ``cached_tokens``,
-``cached_tokens_details`` and recorded rows (KV and index K, both ranks) on the
-sequential workload; host hits present; every rank logs the layers it owns;
-host capacity from the geometry (sharded 2x the replicated tier at the same
-``--hicache-ratio``); the capacity workload gets more host hits on the sharded
-server with the same outputs; the zeroed owner page shows in the record of
+``cached_tokens_details`` and recorded rows (KV and index K, every rank) on the
+sequential workload, with no rows read by an idle DP group's ranks; host hits
+present; every rank logs the layers it owns as rank r of its shard group of 2
+(under DP attention: the attention-TP group, 2 of the 4 layers each); host
+capacity from the geometry (sharded 2x the replicated tier at the same
+``--hicache-ratio``); the DSA capacity workload gets more host hits on the
+sharded server with the same outputs; the zeroed owner page shows in the record of
 layer 0 on both ranks (rank 1 received it in the owner's broadcast) and
 nowhere else; both servers stop on SIGTERM leaving no process, except the
-replicated MLA server, which ends with one TP rank's scheduler SIGKILLed under
+replicated MLA server, which ends with TP rank 1's scheduler SIGKILLed under
 8 streams: every stream ends in an error within a bound, the whole tree exits
 and the port is free (the fault's timings are printed).
+
+Beside the DSA pair a third sharded server runs as two launchers of one TP
+rank each (``--nnodes 2``), its shard rank 1 refusing every second load-back
+(test-only variables): outputs are the replicated server's, the refused
+revisit is a miss on both ranks (it loses exactly its host hits), logged once
+naming rank 1, and each rank logs its layers across the two nodes.
 
 The DSA model's ``index_topk`` (2048) is above every prompt, so DSA selects
 every token: a sparse selection would need a torch reference of the DSA
@@ -62,10 +77,20 @@ register_cpu_ci(est_time=420, suite="base-b-test-cpu")
 FEATURE_GROUP = "hicache-rank-shard"  # the series group it tests (or "series")
 PROJECT_ONLY = "runs this project's CPU server (stand-ins, local tiny model)"
 
-TP, DEVICE_TOKENS, RATIO, LAYERS = 2, 1024, 2, 4  # both tiny models: 4 layers
+DEVICE_TOKENS, RATIO, LAYERS = 1024, 2, 4  # both tiny models: 4 layers
 PAGE = {"tiny-mla": 1, "tiny-dsa": 64}  # DSA forces page size 64
-ARGS = ["--tp", str(TP), "--max-total-tokens", str(DEVICE_TOKENS)]
+SHARD = 2  # ranks of a shard group: the TP group, or an attention-TP group
+LAUNCH = {
+    "tiny-mla": ["--tp", "4", "--dp-size", "2", "--enable-dp-attention"],
+    "tiny-dsa": ["--tp", "2"],
+}
+RANKS = {"tiny-mla": 4, "tiny-dsa": 2}  # TP ranks (scheduler processes)
+ARGS = ["--max-total-tokens", str(DEVICE_TOKENS)]
 ARGS += HICACHE_ARGS + ["--hicache-ratio", str(RATIO)]
+# The DP rank of each sequential workload under DP attention (routed_dp_rank);
+# the concurrent clients alternate.
+ROUTE = {"eviction": 1, "negative": 0}
+CAPACITY_WORKLOAD = {"tiny-dsa"}
 SHARDED = {
     "SGLANG_ENABLE_HICACHE_RANK_SHARD": "1",
     "SGLANG_HICACHE_RANK_SHARD_VERIFY_EVERY": "1",
@@ -100,8 +125,11 @@ def prompts(seed, n, revisit):
     return first + [p + " shard" for p in first[:revisit]]
 
 
-def one(server, text):
-    r = server.generate({"text": text, "sampling_params": greedy(NEW_TOKENS)})
+def one(server, text, dp_rank=None):
+    payload = {"text": text, "sampling_params": greedy(NEW_TOKENS)}
+    if dp_rank is not None:
+        payload["routed_dp_rank"] = dp_rank
+    r = server.generate(payload)
     meta = r["meta_info"]
     return dict(
         output_ids=r["output_ids"],
@@ -113,7 +141,7 @@ def one(server, text):
 
 def owners(log):
     return re.findall(
-        r"HiCache rank shard: rank (\d)/2 owns KV layers (\[[\d, ]*\])"
+        r"HiCache rank shard: rank (\d)/(\d) owns KV layers (\[[\d, ]*\])"
         r"(?: and indexer layers (\[[\d, ]*\]))?",
         log,
     )
@@ -129,30 +157,44 @@ def refusals(log):
     ]
 
 
-def workload(server, model, record_dir, corrupt):
-    def mark():
-        return [len(r) for r in load_record.read(record_dir, TP)]
+def dp_rank(model, kind, i=0):
+    if "--enable-dp-attention" not in LAUNCH[model]:
+        return None
+    return ROUTE[kind] if kind in ROUTE else i % 2
 
-    out = dict(eviction=[one(server, t) for t in prompts(23, 4, 2)])
+
+def workload(server, model, record_dir, corrupt):
+    ranks = RANKS[model]
+
+    def mark():
+        return [len(r) for r in load_record.read(record_dir, ranks)]
+
+    def run(kind, texts):
+        return [one(server, t, dp_rank(model, kind)) for t in texts]
+
+    out = dict(eviction=run("eviction", prompts(23, 4, 2)))
     if not corrupt and not record_dir:  # the refusing server: that workload only
         out["refusals"] = refusals(server.log_text())
         out["owners"] = owners(server.log_text())
         return out
     marks = [mark()]
-    texts = prompts(41, 4, 2)
+    texts = list(enumerate(prompts(41, 4, 2)))
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        out["concurrent"] = list(pool.map(lambda t: one(server, t), texts))
-    out["capacity"] = [one(server, t) for t in prompts(57, 8, 3)]
+        out["concurrent"] = list(
+            pool.map(lambda it: one(server, it[1], dp_rank(model, "", it[0])), texts)
+        )
+    if model in CAPACITY_WORKLOAD:
+        out["capacity"] = run("capacity", prompts(57, 8, 3))
     # a prompt, then two more (1200 tokens: it leaves the device pool), then
     # it again: its prefix is loaded back from the host tier
     texts = prompts(71, 3, 1)
-    out["negative"] = [one(server, t) for t in texts[:-1]]
+    out["negative"] = run("negative", texts[:-1])
     marks.append(mark())
     if corrupt:
         (Path(record_dir) / TRIGGER[model]).touch()
-    out["negative"].append(one(server, texts[-1]))
+    out["negative"] += run("negative", texts[-1:])
     out["trigger_left"] = (Path(record_dir) / TRIGGER[model]).exists()
-    records = load_record.read(record_dir, TP)
+    records = load_record.read(record_dir, ranks)
     out["record_eviction"] = [r[: marks[0][i]] for i, r in enumerate(records)]
     out["record_negative"] = [r[marks[1][i] :] for i, r in enumerate(records)]
     log = server.log_text()
@@ -175,14 +217,24 @@ def serve(model, name, env):
     t0 = time.monotonic()
     nodes = 2 if name == "refusing" else 1  # one launcher per TP rank
     server = LiveServer(
-        "patched", ARGS, env=env, name=f"{model}-{name}", model=model, nodes=nodes
+        "patched",
+        LAUNCH[model] + ARGS,
+        env=env,
+        name=f"{model}-{name}",
+        model=model,
+        nodes=nodes,
     )
     t1 = time.monotonic()
     try:
         out = workload(server, model, record_dir, corrupt=name == "sharded")
         if (model, name) == FAULT_SERVER:
-            # End of life: one TP rank's scheduler killed under 8 streams.
-            victim = server.roles()["sglang::scheduler_TP1"]
+            # End of life: TP rank 1's scheduler killed under 8 streams.
+            roles = server.roles()
+            (victim,) = [
+                pid
+                for role, pid in roles.items()
+                if re.fullmatch(r"sglang::scheduler_(DP\d+_)?TP1", role)
+            ]
             out["fault"] = kill_during_streams(
                 server.base_url, server.pids(), victim, FAULT_TOKENS
             )
@@ -212,26 +264,42 @@ class RankShardServerChecks:
     @classmethod
     def setUpClass(cls):
         cls.runs = run_pair(cls.MODEL)
+        seconds = [cls.runs[name]["seconds"] for name in ("sharded", "replicated")]
+        print(f"{cls.MODEL} seconds (sharded / replicated): {seconds}")
 
     def aligned(self, tokens):
         return tokens // PAGE[self.MODEL] * PAGE[self.MODEL]
 
+    def serving(self, kind):
+        """The TP ranks that served a sequential workload: its DP rank's
+        attention-TP group under DP attention, else every rank."""
+        dp = dp_rank(self.MODEL, kind)
+        ranks = range(RANKS[self.MODEL])
+        return list(ranks if dp is None else ranks[dp * SHARD : (dp + 1) * SHARD])
+
     def test_every_rank_owns_its_layers(self):
+        # Every TP rank logs its rank r of its shard group of SHARD (under DP
+        # attention its attention-TP group): LAYERS / SHARD layers each.
         owners = sorted(self.runs["sharded"]["owners"])
         indexer = {"tiny-mla": "", "tiny-dsa": "[0, 2]"}[self.MODEL]
         other = {"tiny-mla": "", "tiny-dsa": "[1, 3]"}[self.MODEL]
-        self.assertEqual(owners, [("0", "[0, 2]", indexer), ("1", "[1, 3]", other)])
+        groups = RANKS[self.MODEL] // SHARD
+        expected = [("0", "2", "[0, 2]", indexer)] * groups
+        expected += [("1", "2", "[1, 3]", other)] * groups
+        self.assertEqual(owners, expected)
         self.assertEqual(self.runs["replicated"]["owners"], [])
         self.assertEqual(self.runs["sharded"]["errors"], 0)
 
     def test_host_capacity_from_the_geometry(self):
         # ratio x device tokens, plus one padding page; sharded: the same host
-        # bytes hold LAYERS / ceil(LAYERS / TP) times the tokens.
-        page = PAGE[self.MODEL]
+        # bytes hold LAYERS / ceil(LAYERS / SHARD) times the tokens.
+        page, ranks = PAGE[self.MODEL], RANKS[self.MODEL]
         replicated = DEVICE_TOKENS * RATIO + page
-        sharded = DEVICE_TOKENS * RATIO * LAYERS // -(-LAYERS // TP) + page
-        self.assertEqual(self.runs["replicated"]["host_pool_tokens"], [replicated] * TP)
-        self.assertEqual(self.runs["sharded"]["host_pool_tokens"], [sharded] * TP)
+        sharded = DEVICE_TOKENS * RATIO * LAYERS // -(-LAYERS // SHARD) + page
+        self.assertEqual(
+            self.runs["replicated"]["host_pool_tokens"], [replicated] * ranks
+        )
+        self.assertEqual(self.runs["sharded"]["host_pool_tokens"], [sharded] * ranks)
 
     def test_same_outputs_cache_hits_and_rows_as_replicated(self):
         ours, theirs = self.runs["sharded"], self.runs["replicated"]
@@ -240,19 +308,70 @@ class RankShardServerChecks:
             self.assertGreaterEqual(
                 r["details"].get("host", 0), self.aligned(PROMPT_WORDS) - 8, r
             )
-        for kind in ("concurrent", "capacity"):
+        for kind in ("concurrent", "capacity")[: 1 + (self.MODEL in CAPACITY_WORKLOAD)]:
             self.assertEqual(
                 [r["output_ids"] for r in ours[kind]],
                 [r["output_ids"] for r in theirs[kind]],
                 kind,
             )
-        # the rows attention read for every cached prefix, on both ranks
+        # the rows attention read for every cached prefix, on every rank;
+        # none on an idle DP group's ranks
         self.assertEqual(ours["record_eviction"], theirs["record_eviction"])
-        for rank in ours["record_eviction"]:
+        serving = self.serving("eviction")
+        for i, rank in enumerate(ours["record_eviction"]):
+            if i not in serving:
+                self.assertEqual(rank, [], i)
+                continue
             loaded = [e for e in rank if e["prefix"] >= self.aligned(PROMPT_WORDS)]
             self.assertEqual(len(loaded), 2 * LAYERS, rank)  # 2 revisits x layers
             if self.MODEL == "tiny-dsa":
                 self.assertTrue(all("index_k" in e for e in rank))
+
+    def test_zeroed_owner_page_shows_in_the_record(self):
+        # Negative control of the record check: rank 0 zeroed one host page
+        # of layer 0 (its own) before the load-back; both ranks of its group
+        # read it, rank 1 through the owner's broadcast, and nothing else
+        # differs (under DP attention the other group served nothing then).
+        ours, theirs = self.runs["sharded"], self.runs["replicated"]
+        self.assertFalse(ours["trigger_left"], "the corrupted load-back never ran")
+        host = ours["negative"][-1]["details"].get("host", 0)
+        self.assertGreaterEqual(host, self.aligned(PROMPT_WORDS) - 8)
+        differing = set()
+        for rank, (a, b) in enumerate(
+            zip(ours["record_negative"], theirs["record_negative"])
+        ):
+            self.assertEqual(len(a), len(b))
+            # one revisit, every layer, on the serving ranks
+            self.assertEqual(len(a), LAYERS if rank in self.serving("negative") else 0)
+            for x, y in zip(a, b):
+                for field in x:
+                    if x[field] != y[field]:
+                        differing.add((rank, x["layer"], field))
+        self.assertEqual(
+            differing, {(0, 0, FIELD[self.MODEL]), (1, 0, FIELD[self.MODEL])}
+        )
+
+
+class TestRankShardServerMLA(RankShardServerChecks, unittest.TestCase):
+    MODEL = "tiny-mla"
+
+    def test_a_killed_tp_rank_ends_every_stream_and_the_server(self):
+        # SIGKILL of scheduler TP1 (DP rank 0's second attention-TP rank)
+        # under 8 streams: the survivors' collective fails, the launcher stops
+        # the tree; every stream ends in an error (none can finish: the MLP is
+        # split over all four ranks), nothing hangs.
+        fault = self.runs["replicated"]["fault"]
+        print(f"TP rank kill: {fault}")
+        self.assertEqual([s["state"] for s in fault["streams"]], ["error"] * 8, fault)
+        self.assertIsNotNone(fault["clients_s"], fault)
+        self.assertLess(fault["clients_s"], FAULT_BOUND_S, fault)
+        self.assertEqual(fault["left"], [], fault)
+        self.assertIsNotNone(fault["tree_s"], fault)
+        self.assertTrue(fault["port"]["free"], fault)
+
+
+class TestRankShardServerDSA(RankShardServerChecks, unittest.TestCase):
+    MODEL = "tiny-dsa"
 
     def test_capacity_gain_shown_live(self):
         def host(run):
@@ -262,7 +381,6 @@ class RankShardServerChecks:
             return sum(r["prompt"] - r["cached"] for r in run["capacity"][-3:])
 
         ours, theirs = self.runs["sharded"], self.runs["replicated"]
-        print(f"{self.MODEL} seconds: {ours['seconds']} / {theirs['seconds']}")
         print(
             f"{self.MODEL} capacity workload revisits: host tokens sharded "
             f"{host(ours)}, replicated {host(theirs)}; prefilled "
@@ -278,49 +396,6 @@ class RankShardServerChecks:
         self.assertLessEqual(computed(ours), 3 * (PROMPT_WORDS + 1 - full))
         self.assertLessEqual(host(theirs), host(ours) - full)
         self.assertGreaterEqual(computed(theirs), computed(ours) + full)
-
-    def test_zeroed_owner_page_shows_in_the_record(self):
-        # Negative control of the record check: rank 0 zeroed one host page
-        # of layer 0 (its own) before the load-back; both ranks read it, rank
-        # 1 through the owner's broadcast, and nothing else differs.
-        ours, theirs = self.runs["sharded"], self.runs["replicated"]
-        self.assertFalse(ours["trigger_left"], "the corrupted load-back never ran")
-        host = ours["negative"][-1]["details"].get("host", 0)
-        self.assertGreaterEqual(host, self.aligned(PROMPT_WORDS) - 8)
-        differing = set()
-        for rank, (a, b) in enumerate(
-            zip(ours["record_negative"], theirs["record_negative"])
-        ):
-            self.assertEqual(len(a), len(b))
-            self.assertEqual(len(a), LAYERS)  # one revisit, every layer
-            for x, y in zip(a, b):
-                for field in x:
-                    if x[field] != y[field]:
-                        differing.add((rank, x["layer"], field))
-        self.assertEqual(
-            differing, {(0, 0, FIELD[self.MODEL]), (1, 0, FIELD[self.MODEL])}
-        )
-
-
-class TestRankShardServerMLA(RankShardServerChecks, unittest.TestCase):
-    MODEL = "tiny-mla"
-
-    def test_a_killed_tp_rank_ends_every_stream_and_the_server(self):
-        # SIGKILL of scheduler TP1 under 8 streams: the survivor's collective
-        # fails, the launcher stops the tree; every stream ends in an error
-        # (none can finish: the model is split over both ranks), nothing hangs.
-        fault = self.runs["replicated"]["fault"]
-        print(f"TP rank kill: {fault}")
-        self.assertEqual([s["state"] for s in fault["streams"]], ["error"] * 8, fault)
-        self.assertIsNotNone(fault["clients_s"], fault)
-        self.assertLess(fault["clients_s"], FAULT_BOUND_S, fault)
-        self.assertEqual(fault["left"], [], fault)
-        self.assertIsNotNone(fault["tree_s"], fault)
-        self.assertTrue(fault["port"]["free"], fault)
-
-
-class TestRankShardServerDSA(RankShardServerChecks, unittest.TestCase):
-    MODEL = "tiny-dsa"
 
     def test_two_nodes_shard_and_a_load_back_one_rank_refuses_is_a_miss_on_both(self):
         # Shard rank 1 refuses the group's 2nd, 4th, ... load-back: those
