@@ -39,8 +39,11 @@ index-K tier instead.
 """
 
 import concurrent.futures
+import json
+import os
 import random
 import re
+import shutil
 import tempfile
 import time
 import unittest
@@ -82,6 +85,24 @@ NEW_TOKENS = 4
 FAULT_SERVER = ("tiny-mla", "replicated")  # hosts the TP rank kill at its end
 FAULT_BOUND_S = 60.0  # kill to every client answered and the tree gone
 FAULT_TOKENS = 96  # 8 streams of ~100 tokens fit the 1024-token device pool
+# L3: both servers of a pair write every page through to a `file` directory of
+# their own; in that run nothing is prefetched (the threshold is out of reach),
+# so the checks above see the host tier alone. The sharded server is then
+# restarted alone on its directory (the default 256-token threshold) and
+# revisits the eviction workload's four prompts.
+L3_ARGS = ["--hicache-storage-backend", "file", "--hicache-write-policy"]
+L3_ARGS += ["write_through", "--hicache-storage-prefetch-policy", "wait_complete"]
+L3_ARGS += ["--enable-metrics"]
+WRITE_ONLY = ["--hicache-storage-backend-extra-config"]
+WRITE_ONLY += [json.dumps({"prefetch_threshold": 1 << 30})]
+STORAGE_DIR_ENV = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"
+L3_METRIC = "sglang:hicache_rank_shard_l3_bytes_total"
+SHARD_FILE = re.compile(r"^([0-9a-f]{64})(\.indexer)?_.*_rankshard-rr-tp2-r(\d)\.bin$")
+REPLICATED_FILE = re.compile(r"^([0-9a-f]{64})(\.indexer)?_[^_]*\.bin$")
+# rank 1's KV shard of the page that ends here is deleted before the restart's
+# last revisit: both ranks prefetch the pages before it (at least the 256-token
+# prefetch threshold), none after
+DELETED_AT = {"tiny-mla": 300, "tiny-dsa": 320}
 
 
 def prompts(seed, n, revisit):
@@ -139,14 +160,57 @@ def workload(server, model, record_dir, corrupt):
     return out
 
 
-def serve(model, name, env):
+def shard_files(storage_dir) -> dict:
+    """Rank -> {file name: size} of the rank-sharded objects in a directory."""
+    out = {0: {}, 1: {}}
+    for name in os.listdir(storage_dir):
+        m = SHARD_FILE.match(name)
+        if m:
+            out[int(m.group(3))][name] = os.path.getsize(Path(storage_dir) / name)
+    return out
+
+
+def l3_counters(server) -> dict:
+    """(tp_rank, direction) -> bytes, from the server's /metrics."""
+    text = server.get("/metrics").text
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(L3_METRIC + "{"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+            out[(int(labels["tp_rank"]), labels["direction"])] = int(
+                float(line.rsplit(" ", 1)[1])
+            )
+    return out
+
+
+def l3_settled(server, storage_dir, timeout=60.0, base=None) -> dict:
+    """Waits until every rank's written-bytes counter covers its shard files
+    on disk beyond ``base`` (rank -> bytes already there), i.e. the backups of
+    the workload have landed, at most ``timeout``; returns the last counters
+    and files either way."""
+    deadline = time.monotonic() + timeout
+    while True:
+        counters, files = l3_counters(server), shard_files(storage_dir)
+        grown = {r: sum(f.values()) - (base or {}).get(r, 0) for r, f in files.items()}
+        if all(counters.get((r, "written")) == grown[r] for r in (0, 1)):
+            break
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    return dict(counters=counters, files=files)
+
+
+def serve(model, name, env, storage_dir):
     record_dir = tempfile.mkdtemp(prefix=f"load-record-{model}-{name}-")
-    env = dict(env, **{load_record.ENV: record_dir})
+    env = dict(env, **{load_record.ENV: record_dir, STORAGE_DIR_ENV: storage_dir})
+    args = ARGS + L3_ARGS + WRITE_ONLY
     t0 = time.monotonic()
-    server = LiveServer("patched", ARGS, env=env, name=f"{model}-{name}", model=model)
+    server = LiveServer("patched", args, env=env, name=f"{model}-{name}", model=model)
     t1 = time.monotonic()
     try:
         out = workload(server, model, record_dir, corrupt=name == "sharded")
+        if name == "sharded":
+            out["l3"] = l3_settled(server, storage_dir)
         if (model, name) == FAULT_SERVER:
             # End of life: one TP rank's scheduler killed under 8 streams.
             victim = server.roles()["sglang::scheduler_TP1"]
@@ -163,11 +227,56 @@ def serve(model, name, env):
     return out
 
 
-def run_pair(model):
+def restart(model, storage_dir):
+    """The sharded server again, alone, on the first run's directory: it
+    revisits the eviction workload's first four prompts from L3. Before the
+    last one, rank 1's KV shard of its page ending at DELETED_AT is deleted."""
+    from sglang.srt.mem_cache.utils import get_storage_hash_str
+
+    texts = prompts(23, 4, 2)[:4]
+    env = dict(SHARDED, **{STORAGE_DIR_ENV: storage_dir})
+    t0 = time.monotonic()
+    server = LiveServer(
+        "patched", ARGS + L3_ARGS, env=env, name=f"{model}-restart", model=model
+    )
+    t1 = time.monotonic()
+    try:
+        out = dict(before=l3_settled(server, storage_dir, timeout=0))
+        out["revisits"] = [one(server, t) for t in texts[:-1]]
+        ids = server.post_raw("/tokenize", {"prompt": texts[-1]}).json()["tokens"]
+        page = PAGE[model]
+        hashes = get_storage_hash_str(ids, None, page_size=page)
+        doomed = DELETED_AT[model] // page  # the page after the last kept one
+        out["deleted"] = [
+            n
+            for n in os.listdir(storage_dir)
+            if n.startswith(hashes[doomed] + "_") and n.endswith("-r1.bin")
+        ]
+        for n in out["deleted"]:
+            os.remove(Path(storage_dir) / n)
+        out["start"] = l3_settled(server, storage_dir, timeout=0)
+        out["revisits"].append(one(server, texts[-1]))
+        base = {r: sum(f.values()) for r, f in out["start"]["files"].items()}
+        out["end"] = l3_settled(server, storage_dir, base=base)
+        out["errors"] = server.log_text().count("HiCache rank shard verify")
+    except Exception as exc:
+        raise RuntimeError(f"{model} restart: {exc}\n{server.log_tail()}") from exc
+    finally:
+        t2 = time.monotonic()
+        assert_all_gone(server.stop())
+    out["seconds"] = dict(start=t1 - t0, workload=t2 - t1, stop=time.monotonic() - t2)
+    return out
+
+
+def run_pair(model, storage):
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        sharded = pool.submit(serve, model, "sharded", SHARDED)
-        replicated = pool.submit(serve, model, "replicated", REPLICATED)
-        return dict(sharded=sharded.result(), replicated=replicated.result())
+        sharded = pool.submit(serve, model, "sharded", SHARDED, storage["sharded"])
+        replicated = pool.submit(
+            serve, model, "replicated", REPLICATED, storage["replicated"]
+        )
+        out = dict(sharded=sharded.result(), replicated=replicated.result())
+        out["restart"] = restart(model, storage["sharded"])
+        return out
 
 
 class RankShardServerChecks:
@@ -176,7 +285,13 @@ class RankShardServerChecks:
 
     @classmethod
     def setUpClass(cls):
-        cls.runs = run_pair(cls.MODEL)
+        cls.storage = {
+            name: tempfile.mkdtemp(prefix=f"hicache-l3-{cls.MODEL}-{name}-")
+            for name in ("sharded", "replicated")
+        }
+        for d in cls.storage.values():
+            cls.addClassCleanup(shutil.rmtree, d, ignore_errors=True)
+        cls.runs = run_pair(cls.MODEL, cls.storage)
 
     def aligned(self, tokens):
         return tokens // PAGE[self.MODEL] * PAGE[self.MODEL]
@@ -265,6 +380,86 @@ class RankShardServerChecks:
         self.assertEqual(
             differing, {(0, 0, FIELD[self.MODEL]), (1, 0, FIELD[self.MODEL])}
         )
+
+    # ------------------------------------------------------------------ L3
+    def shard_bytes(self) -> dict:
+        """One page of a rank's shard object, per kind (KV, DSA indexer), from
+        the geometry: upstream's object of the page (the replicated server's,
+        every layer) holds LAYERS layers, each rank owns LAYERS / TP of them
+        (test_every_rank_owns_its_layers); no draft layers are packed."""
+        full = {}
+        for n in os.listdir(self.storage["replicated"]):
+            m = REPLICATED_FILE.match(n)
+            if m:
+                full[bool(m.group(2))] = os.path.getsize(
+                    Path(self.storage["replicated"]) / n
+                )
+        self.assertEqual(
+            set(full), {False, True} if self.MODEL == "tiny-dsa" else {False}
+        )
+        return {kind: size * (LAYERS // TP) // LAYERS for kind, size in full.items()}
+
+    def test_l3_every_rank_stores_its_own_share_once(self):
+        share = self.shard_bytes()
+        l3 = self.runs["sharded"]["l3"]
+        pages = []
+        for rank in (0, 1):
+            files = l3["files"][rank]
+            self.assertTrue(files, rank)
+            for name, size in files.items():
+                indexer = SHARD_FILE.match(name).group(2) is not None
+                self.assertEqual(size, share[indexer], name)
+            pages.append({SHARD_FILE.match(n).group(1, 2) for n in files})
+            # the counter: this rank's objects, each written once
+            self.assertEqual(l3["counters"].get((rank, "written")), sum(files.values()))
+            self.assertEqual(l3["counters"].get((rank, "read")), 0)  # no prefetch yet
+        # every page has both ranks' shards and nothing else: stored once
+        self.assertEqual(pages[0], pages[1])
+        others = [
+            n
+            for n in os.listdir(self.storage["sharded"])
+            if n.endswith(".bin") and not SHARD_FILE.match(n)
+        ]
+        self.assertEqual(others, [])
+
+    def test_l3_restart_serves_revisits_from_storage(self):
+        share = self.shard_bytes()
+        rs, theirs = self.runs["restart"], self.runs["replicated"]
+        print(f"{self.MODEL} restart seconds: {rs['seconds']}")
+        print(
+            f"{self.MODEL} restart revisits: {[r['details'] for r in rs['revisits']]}"
+        )
+        print(f"{self.MODEL} restart L3 counters: {rs['end']['counters']}")
+        # the same outputs as the replicated server computed in the first run
+        self.assertEqual(
+            [r["output_ids"] for r in rs["revisits"]],
+            [r["output_ids"] for r in theirs["eviction"][:4]],
+        )
+        for r in rs["revisits"][:-1]:
+            self.assertGreater(r["details"].get("storage", 0), 0, r)
+            self.assertGreaterEqual(r["cached"], self.aligned(PROMPT_WORDS) - 8, r)
+        # rank 1's shard of one page deleted: a miss from that page on, on
+        # both ranks (each read only the pages before it, below)
+        self.assertEqual(len(rs["deleted"]), 1, rs["deleted"])
+        last = rs["revisits"][-1]
+        self.assertGreater(last["details"].get("storage", 0), 0, last)
+        self.assertEqual(last["cached"], DELETED_AT[self.MODEL], last)
+        # every rank read its own share of each page served from storage
+        stored_pages = sum(r["details"].get("storage", 0) for r in rs["revisits"])
+        stored_pages //= PAGE[self.MODEL]
+        for rank in (0, 1):
+            self.assertEqual(
+                rs["end"]["counters"].get((rank, "read")),
+                stored_pages * sum(share.values()),
+                rank,
+            )
+            # and wrote only what it found missing: rank 1 its deleted shard
+            before = rs["before"]["files"][rank]
+            gone = sum(before[n] for n in rs["deleted"] if n in before)
+            grown = sum(rs["end"]["files"][rank].values()) - sum(before.values())
+            written = rs["end"]["counters"].get((rank, "written"))
+            self.assertEqual(written, grown + gone, rank)
+        self.assertEqual(rs["errors"], 0)
 
 
 class TestRankShardServerMLA(RankShardServerChecks, unittest.TestCase):
