@@ -31,6 +31,19 @@ replicated MLA server, which ends with one TP rank's scheduler SIGKILLed under
 8 streams: every stream ends in an error within a bound, the whole tree exits
 and the port is free (the fault's timings are printed).
 
+L3: both servers of a pair write every page through to a ``file`` directory of
+their own (``--hicache-storage-backend file --hicache-write-policy write_through
+--enable-metrics``, prefetch threshold out of reach, so the checks above see the
+host tier alone). Checks: every sharded rank's objects hold half of the
+replicated server's object of the page (its 2 of 4 layers), both shards of every
+page and nothing else are on disk, and each rank's written-bytes counter
+(``sglang:hicache_rank_shard_l3_bytes_total``) equals its objects. Then the
+sharded server is restarted alone on its directory (threshold 256,
+``wait_complete``) and revisits the eviction workload's first four prompts:
+served from storage with the replicated server's outputs, each rank reading its
+share of each stored page; rank 1's shard of one page of the last prompt is
+deleted first, so both ranks stop there (cached = the pages before it).
+
 The DSA model's ``index_topk`` (2048) is above every prompt, so DSA selects
 every token: a sparse selection would need a torch reference of the DSA
 attention backend (``torch_native`` has no ``topk_indices`` path, the DSA
@@ -61,7 +74,7 @@ from harness.live_server import (
     port_release,
 )
 
-register_cpu_ci(est_time=420, suite="base-b-test-cpu")
+register_cpu_ci(est_time=540, suite="base-b-test-cpu")
 FEATURE_GROUP = "hicache-rank-shard"  # the series group it tests (or "series")
 PROJECT_ONLY = "runs this project's CPU server (stand-ins, local tiny model)"
 
