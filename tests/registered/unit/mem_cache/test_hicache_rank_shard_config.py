@@ -108,12 +108,6 @@ class TestActivationMatrix(unittest.TestCase):
     def test_supported_configuration_has_no_reason(self):
         self.assertEqual(self._reasons(), [])
 
-    def test_the_file_storage_backend_has_no_reason(self):
-        from sglang.srt.runtime_context import get_memory
-
-        with get_memory().override(hicache_storage_backend="file"):
-            self.assertEqual(self._reasons(), [])
-
     def test_each_condition_alone_turns_it_off_and_is_named(self):
         from sglang.srt.runtime_context import get_disagg, get_memory, get_parallel
 
@@ -139,8 +133,7 @@ class TestActivationMatrix(unittest.TestCase):
             (
                 get_memory,
                 dict(hicache_storage_backend="mooncake"),
-                "--hicache-storage-backend mooncake (rank-sharded L3 covers only "
-                "file",
+                "--hicache-storage-backend mooncake",
             ),
             (get_memory, dict(hicache_host_memory_mode="buffer_only"), "buffer_only"),
             (

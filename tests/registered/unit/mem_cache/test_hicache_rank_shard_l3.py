@@ -15,6 +15,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness.gloo_ranks import run_ranks
 from harness.scenarios.hicache_rank_shard_scenarios import l3_shards, require_rank_shard
+from harness.stacks.dsa_hicache_stack import dsa_device_pool, publish_server_args
 
 register_cpu_ci(est_time=150, suite="base-a-test-cpu")
 FEATURE_GROUP = "hicache-rank-shard"  # the series group it tests (or "series")
@@ -141,6 +142,42 @@ class TestRankShardL3(L3ShardChecks, unittest.TestCase):
         self.check_writes(results, "mla")
         self.check_reads(results)
         self.check_identity(results)
+
+
+class TestRankShardL3Activation(unittest.TestCase):
+    """`file` keeps rank shard active; any other backend turns it off with one
+    reason line naming the backend and why."""
+
+    @classmethod
+    def setUpClass(cls):
+        from sglang.srt.runtime_context import reset_context
+
+        cls.addClassCleanup(reset_context)
+        publish_server_args(0, 2)
+        cls.pool = dsa_device_pool()
+
+    def reasons(self, backend):
+        from sglang.srt.mem_cache.hicache_rank_shard.config import (
+            rank_shard_inactive_reasons,
+        )
+        from sglang.srt.runtime_context import get_memory
+
+        with get_memory().override(hicache_storage_backend=backend):
+            return rank_shard_inactive_reasons(self.pool)
+
+    def test_file_has_no_reason(self):
+        self.assertEqual(self.reasons("file"), [])
+
+    def test_another_backend_is_named_with_why(self):
+        for backend in ("mooncake", "hf3fs", "sim"):
+            self.assertEqual(
+                self.reasons(backend),
+                [
+                    f"--hicache-storage-backend {backend} (rank-sharded L3 covers "
+                    "only file: the zero-copy page buffer meta and keys of other "
+                    "backends address unsharded MLA pages)"
+                ],
+            )
 
 
 class TestRankShardL3NegativeControls(L3ShardChecks, unittest.TestCase):
