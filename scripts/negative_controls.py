@@ -61,6 +61,10 @@ DISPATCH = R + "unit/managers/test_cache_aware_dispatch.py"
 RANK_SHARD_MLA2 = (
     R + "unit/mem_cache/test_hicache_rank_shard.py::TestRankShardMlaTwoRanks"
 )
+RANK_SHARD_L3 = R + "unit/mem_cache/test_hicache_rank_shard_l3.py::TestRankShardL3"
+RANK_SHARD_SERVER_DSA = (
+    R + "server/test_hicache_rank_shard_server.py::TestRankShardServerDSA"
+)
 
 
 @dataclass(frozen=True)
@@ -182,10 +186,55 @@ CONTROLS = (
         old="@_refuse_l3_page_access\nclass RankShardedMLATokenToKVPoolHost(",
         new="class RankShardedMLATokenToKVPoolHost(",
         tests=(
-            RANK_SHARD_MLA2 + "::test_sharded_pools_refuse_l3_page_access_by_class",
+            RANK_SHARD_MLA2
+            + "::test_sharded_pools_refuse_zero_copy_l3_page_access_by_class",
         ),
-        expected=("test_sharded_pools_refuse_l3_page_access_by_class",),
-        what="the sharded MLA KV host pool keeps upstream's L3 page accessors",
+        expected=("test_sharded_pools_refuse_zero_copy_l3_page_access_by_class",),
+        what="the sharded MLA KV host pool keeps upstream's zero-copy L3 accessors",
+    ),
+    Control(
+        name="l3-shard-key-without-rank",
+        level="cheap",
+        module="srt/mem_cache/hicache_rank_shard/storage.py",
+        old='    return f"_rankshard-{rule}-tp{tp_size}-r{rank}"\n',
+        new='    return f"_rankshard-{rule}-tp{tp_size}-r0"  # negative control\n',
+        tests=(RANK_SHARD_L3 + "::test_dsa_each_rank_stores_and_reads_its_own_shard",),
+        expected=("test_dsa_each_rank_stores_and_reads_its_own_shard",),
+        what="every rank stores its L3 shard under rank 0's key",
+    ),
+    Control(
+        name="l3-written-bytes-counted-twice",
+        level="cheap",
+        module="srt/mem_cache/hicache_rank_shard/storage.py",
+        old='        self._count("written", nbytes)\n',
+        new='        self._count("written", 2 * nbytes)  # negative control\n',
+        tests=(RANK_SHARD_L3 + "::test_mla_each_rank_stores_and_reads_its_own_shard",),
+        expected=("test_mla_each_rank_stores_and_reads_its_own_shard",),
+        what="each L3 object written is counted twice",
+    ),
+    Control(
+        name="l3-shard-key-without-rank-live",
+        level="full",
+        module="srt/mem_cache/hicache_rank_shard/storage.py",
+        old='    return f"_rankshard-{rule}-tp{tp_size}-r{rank}"\n',
+        new='    return f"_rankshard-{rule}-tp{tp_size}-r0"  # negative control\n',
+        tests=(
+            RANK_SHARD_SERVER_DSA + "::test_l3_every_rank_stores_its_own_share_once",
+        ),
+        expected=("test_l3_every_rank_stores_its_own_share_once",),
+        what="every rank of a live server stores its L3 shard under rank 0's key",
+    ),
+    Control(
+        name="l3-read-bytes-counted-twice-live",
+        level="full",
+        module="srt/mem_cache/hicache_rank_shard/storage.py",
+        old='        self._count("read", nbytes)\n',
+        new='        self._count("read", 2 * nbytes)  # negative control\n',
+        tests=(
+            RANK_SHARD_SERVER_DSA + "::test_l3_restart_serves_revisits_from_storage",
+        ),
+        expected=("test_l3_restart_serves_revisits_from_storage",),
+        what="each L3 object a live server reads is counted twice",
     ),
     Control(
         name="rank-shard-load-back-not-agreed",

@@ -16,10 +16,11 @@ scheduler and detokenizer processes get it too.  Elsewhere it does nothing.
   is all a tiny model needs.
 * HiCache: the host pools pin their buffers with ``cudaHostRegister`` ("Torch
   not compiled with CUDA enabled" on CPU) and bind the ``sgl_kernel.kvcacheio``
-  direct-copy ops only on CUDA/ROCm.  When a host-pool module is imported, the
-  stand-ins of ``standins.cpu_pinned_memory_standin`` and
-  ``standins.cpu_kvcacheio_standin`` (torch copies with the real ops' per-page
-  semantics) are bound into it.
+  direct-copy ops only on CUDA/ROCm, and the L3 read path allocates each page
+  in pinned memory.  When a host-pool module is imported, the stand-ins of
+  ``standins.cpu_pinned_memory_standin`` (registration, and the L3 read
+  page unpinned on a CPU torch) and ``standins.cpu_kvcacheio_standin`` (torch
+  copies with the real ops' per-page semantics) are bound into it.
 * DeepSeek MLA on ``torch_native`` (a tiny DeepSeek-V3 on CPU): the handler
   registry has no ``torch_native`` entry; the stand-in registers one that
   takes the absorbed-MLA path (``_torch_native_mla_handler`` says why).
@@ -132,9 +133,11 @@ class _PatchAfterExec(importlib.abc.Loader):
             _bind_load_record(module)
         else:
             from standins import cpu_kvcacheio_standin as kvcacheio
+            from standins import cpu_pinned_memory_standin as pinned_memory
 
             for name in _KVCACHEIO_NAMES:
                 setattr(module, name, getattr(kvcacheio, name))
+            pinned_memory.bind_dummy_page_standin(module)
             _bind_load_record(module)
 
 

@@ -79,9 +79,11 @@ def disable_exchange(cc) -> None:
 
 
 def _l3_page_access(controller, *host_pools) -> dict | None:
-    """Which L3 page accessors each host pool of a sharded stack refuses (by
-    name of the pool's class), and whether attaching a storage backend is
-    refused; None on an unsharded stack, whose accessors are left alone."""
+    """Which zero-copy L3 page accessors each host pool of a sharded stack
+    refuses (by name of the pool's class), whether its flat-page accessors
+    work (they address the pool's own layers: its L3 shard), and whether
+    attaching a zero-copy storage backend (mooncake) is refused; None on an
+    unsharded stack, whose accessors are left alone."""
     from sglang.srt.mem_cache.hicache_rank_shard.host_pools import L3_PAGE_ACCESSORS
 
     pools = {}
@@ -100,9 +102,12 @@ def _l3_page_access(controller, *host_pools) -> dict | None:
                     refused.append(name)
             except Exception:  # an upstream accessor given a bare index
                 pass
-        pools[type(pool).__name__] = dict(has=has, refused=refused)
+        page = pool.get_data_page(0, flat=True)
+        flat = page.numel() == pool.get_dummy_flat_data_page().numel()
+        pool.set_from_flat_data_page(0, page.clone())
+        pools[type(pool).__name__] = dict(has=has, refused=refused, flat=flat)
     try:
-        controller.attach_storage_backend("file")
+        controller.attach_storage_backend("mooncake")
         attach = None
     except ValueError as e:
         attach = str(e)
@@ -854,3 +859,171 @@ def inactive_reasons_by_pool(
             )
         )
     return out
+
+
+# ------------------------------------------------------------- L3 shards (file)
+def _shard_files(storage_dir: str) -> dict:
+    """The shard objects in the storage directory: file name -> size."""
+    import os
+
+    return {
+        name: os.path.getsize(os.path.join(storage_dir, name))
+        for name in sorted(os.listdir(storage_dir))
+        if name.endswith(".bin")
+    }
+
+
+def l3_shards(
+    rank: int,
+    world_size: int,
+    *,
+    storage_dir: str,
+    model: str = "dsa",
+    layer_num: int = 5,
+    num_pages: int = 4,
+    delete_rank: int = 1,
+    delete_page: int = 2,
+    variant: str | None = None,
+) -> dict:
+    """A TP group's L3 (``file`` backend) through its real controller: the
+    rank-sharded DSA (or plain MLA) stack writes ``num_pages`` host pages to
+    storage (``write_storage``, the backup thread), prefetches them back into
+    fresh host slots (``prefetch``: the hit query and its MIN all-reduce in
+    the prefetch thread; then ``_page_transfer``, the L3 -> L2 read), then
+    rank 0 deletes ``delete_rank``'s KV shard file of page ``delete_page``
+    and every rank prefetches again. Returns what each rank wrote, read and
+    hit, and whether the pages it read back equal what it wrote.
+
+    Negative controls (``variant``): ``same_key`` gives every rank rank 0's
+    key; ``double_count`` counts each written object twice; ``local_hits``
+    skips the group's MIN of the hit query."""
+    import os
+
+    import torch.distributed as dist
+    from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
+    from sglang.srt.mem_cache.hicache_rank_shard.storage import (
+        RankShardStorage,
+        shard_key_suffix,
+    )
+    from sglang.srt.mem_cache.hicache_storage import HiCacheFile, PoolName
+    from sglang.srt.mem_cache.utils import get_storage_hash_str
+
+    from harness.stacks.dsa_hicache_stack import build_dsa_stack
+
+    os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = storage_dir
+    skip = (True,) * layer_num if model == "mla" else (False, False, True, False, False)
+    stack = build_dsa_stack(
+        rank,
+        world_size,
+        model=model,
+        layer_num=layer_num,
+        skip_topk_layers=skip,
+    )
+    cc, pool, ps = stack.controller, stack.device_pool, stack.page_size
+    # as UnifiedRadixCache's storage attachment does at startup
+    cc.attach_storage_backend(
+        storage_backend="file",
+        model_name="tiny",
+        host_pools=cc.mem_pool_host.entries,
+    )
+    shard, backend = cc.rank_shard, cc.storage_backend
+    if variant == "same_key":
+        backend.config_suffix = backend.config_suffix.replace(
+            shard.l3.key_suffix, shard_key_suffix(world_size, 0)
+        )
+    elif variant == "double_count":
+        once = shard.l3.count_written
+        shard.l3.count_written = lambda n: (once(n), once(n))
+    elif variant == "local_hits":
+        cc._sync_prefetch_hit_query = lambda operation, count: count
+    host_pools = {PoolName.KV: stack.kv_host}
+    if stack.indexer_host is not None:
+        host_pools[PoolName.INDEXER] = stack.indexer_host
+
+    gen = torch.Generator().manual_seed(3)
+    dev = stack.allocator.alloc(ps * num_pages)
+    live_ix = [i for i, s in enumerate(skip) if not s]
+    node = write_random_node(
+        pool, cc, dev, node_id=1, live_ix=live_ix, gen=gen, extra_pools=_extra(model)
+    )
+    host = node["host"]
+    written = {
+        name: [
+            p.get_data_page(host[i * ps], flat=True).clone() for i in range(num_pages)
+        ]
+        for name, p in host_pools.items()
+    }
+    tokens = list(range(11, 11 + ps * num_pages))
+    hashes = get_storage_hash_str(tokens, None, page_size=ps)
+    cc.write_storage(host, tokens, hash_value=hashes, extra_pools=_extra(model))
+    cc.ack_backup_queue.get(timeout=120)
+    dist.barrier()
+    files_after_write = _shard_files(storage_dir)
+    bytes_written = shard.l3.bytes_written
+
+    def prefetch(rid: str) -> dict:
+        before = shard.l3.bytes_read
+        cc.prefetch(CacheRequestHandle(rid, 0), tokens, extra_pools=_extra(model))
+        op = cc.prefetch_hit_queue.get(timeout=120)
+        hit = int(op.storage_hit_count)
+        same = None
+        if hit:
+            slots = stack.kv_host.alloc(hit)
+            op.host_indices = slots
+            cc._page_transfer(op)
+            same = all(
+                torch.equal(p.get_data_page(slots[i * ps], flat=True), written[n][i])
+                for n, p in host_pools.items()
+                for i in range(hit // ps)
+            )
+        dist.barrier()
+        return dict(hit=hit, same=same, bytes_read=shard.l3.bytes_read - before)
+
+    first = prefetch("all-shards")
+    if rank == 0:
+        doomed = [
+            name
+            for name in files_after_write
+            if name.startswith(hashes[delete_page] + "_")
+            and name.endswith(shard_key_suffix(world_size, delete_rank) + ".bin")
+        ]
+        for name in doomed:
+            os.remove(os.path.join(storage_dir, name))
+    dist.barrier()
+    second = prefetch("one-shard-missing")
+
+    def lookup(rank_shard) -> int:
+        """The pages of the first request another server's identity finds."""
+        config = backend_config(rank_shard)
+        return HiCacheFile(config).batch_exists(hashes)
+
+    def backend_config(rank_shard):
+        from dataclasses import replace
+
+        return replace(cc.storage_config, rank_shard=rank_shard)
+
+    others = dict(
+        own=lookup(RankShardStorage(tp_size=world_size, rank=rank)),
+        other_tp=lookup(RankShardStorage(tp_size=2 * world_size, rank=rank)),
+        other_rule=lookup(
+            RankShardStorage(tp_size=world_size, rank=rank, rule="contiguous")
+        ),
+        replicated=lookup(None),
+    )
+    return dict(
+        rank=rank,
+        sglang=sglang_identity(),
+        sharded=shard is not None,
+        key_suffix=shard.l3.key_suffix,
+        kv_host_layers=list(stack.kv_host._target_layer_indices),
+        indexer_host_layers=(
+            list(stack.indexer_host._live_target_layers) if stack.indexer_host else []
+        ),
+        files=files_after_write,
+        hashes=hashes,
+        bytes_written=bytes_written,
+        first=first,
+        second=second,
+        deleted=delete_page,
+        others=others,
+    )

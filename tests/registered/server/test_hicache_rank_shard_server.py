@@ -1,6 +1,6 @@
 """The rank-sharded host tier on a running server, for both model families it
 covers and both places its shard group lives: a tiny DeepSeek-V3 (plain MLA,
-``tiny-mla``, page size 1) under DP attention (``--tp 4 --dp-size 2
+``tiny-mla``, page size 64 as FlashMLA uses) under DP attention (``--tp 4 --dp-size 2
 --enable-dp-attention``: two attention-TP groups of 2 ranks, each its own
 shard group) and a tiny DeepSeek-V3.2 (MLA + DSA indexer, ``tiny-dsa``, page
 size 64) at ``--tp 2``, on CPU (gloo) with HiCache and a 1024-token device
@@ -46,6 +46,24 @@ rank each (``--nnodes 2``), its shard rank 1 refusing every second load-back
 revisit is a miss on both ranks (it loses exactly its host hits), logged once
 naming rank 1, and each rank logs its layers across the two nodes.
 
+L3: both servers of a pair write every page through to a ``file`` directory of
+their own (``--hicache-storage-backend file --hicache-write-policy write_through
+--enable-metrics``, prefetch threshold out of reach, so the checks above see the
+host tier alone). Checks: every sharded rank's objects hold half of the
+replicated server's object of the page (its 2 of 4 layers), both shards of every
+page and nothing else are on disk, and each rank's written-bytes counter
+(``sglang:hicache_rank_shard_l3_bytes_total``) equals its objects. Then both
+servers are restarted side by side on their directories at ``--tp 2`` (threshold
+256, ``wait_complete``; the MLA pair wrote under DP attention, and a shard key
+names the shard group's size, 2 either way) and revisit the eviction workload's
+first four prompts from storage. Before the last one the KV object of one of
+its pages is deleted: on the sharded server rank 1's shard only, on the
+replicated one the whole page. Checks: the same outputs, cached tokens and
+details on both (a prefix from L3 against a prefix from L3: a fresh prefill
+may differ from a cached prefix in a greedy token), the sharded ranks both stop
+at the deleted page (cached = the pages before it), and each rank read its
+share of each stored page.
+
 The DSA model's ``index_topk`` (2048) is above every prompt, so DSA selects
 every token: a sparse selection would need a torch reference of the DSA
 attention backend (``torch_native`` has no ``topk_indices`` path, the DSA
@@ -54,8 +72,11 @@ index-K tier instead.
 """
 
 import concurrent.futures
+import json
+import os
 import random
 import re
+import shutil
 import tempfile
 import time
 import unittest
@@ -73,18 +94,31 @@ from harness.live_server import (
     port_release,
 )
 
-register_cpu_ci(est_time=420, suite="base-b-test-cpu")
+register_cpu_ci(est_time=540, suite="base-b-test-cpu")
 FEATURE_GROUP = "hicache-rank-shard"  # the series group it tests (or "series")
 PROJECT_ONLY = "runs this project's CPU server (stand-ins, local tiny model)"
 
 DEVICE_TOKENS, RATIO, LAYERS = 1024, 2, 4  # both tiny models: 4 layers
-PAGE = {"tiny-mla": 1, "tiny-dsa": 64}  # DSA forces page size 64
+PAGE = {"tiny-mla": 64, "tiny-dsa": 64}  # DSA forces 64; FlashMLA's page for MLA
 SHARD = 2  # ranks of a shard group: the TP group, or an attention-TP group
 LAUNCH = {
-    "tiny-mla": ["--tp", "4", "--dp-size", "2", "--enable-dp-attention"],
+    "tiny-mla": [
+        "--tp",
+        "4",
+        "--dp-size",
+        "2",
+        "--enable-dp-attention",
+        "--page-size",
+        "64",
+    ],
     "tiny-dsa": ["--tp", "2"],
 }
 RANKS = {"tiny-mla": 4, "tiny-dsa": 2}  # TP ranks (scheduler processes)
+# The L3 restarts run at --tp 2 without DP attention: a shard object's key
+# names its shard group's size (2 either way), not the launch, so the TP=2
+# server reads what the DP-attention server's groups wrote (and it starts
+# half the processes).
+RESTART_LAUNCH = ["--tp", "2", "--page-size", "64"]
 ARGS = ["--max-total-tokens", str(DEVICE_TOKENS)]
 ARGS += HICACHE_ARGS + ["--hicache-ratio", str(RATIO)]
 # The DP rank of each sequential workload under DP attention (routed_dp_rank);
@@ -117,6 +151,24 @@ NEW_TOKENS = 4
 FAULT_SERVER = ("tiny-mla", "replicated")  # hosts the TP rank kill at its end
 FAULT_BOUND_S = 60.0  # kill to every client answered and the tree gone
 FAULT_TOKENS = 96  # 8 streams of ~100 tokens fit the 1024-token device pool
+# L3: both servers of a pair write every page through to a `file` directory of
+# their own; in that run nothing is prefetched (the threshold is out of reach),
+# so the checks above see the host tier alone. The sharded server is then
+# restarted alone on its directory (the default 256-token threshold) and
+# revisits the eviction workload's four prompts.
+L3_ARGS = ["--hicache-storage-backend", "file", "--hicache-write-policy"]
+L3_ARGS += ["write_through", "--hicache-storage-prefetch-policy", "wait_complete"]
+L3_ARGS += ["--enable-metrics"]
+WRITE_ONLY = ["--hicache-storage-backend-extra-config"]
+WRITE_ONLY += [json.dumps({"prefetch_threshold": 1 << 30})]
+STORAGE_DIR_ENV = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"
+L3_METRIC = "sglang:hicache_rank_shard_l3_bytes_total"
+SHARD_FILE = re.compile(r"^([0-9a-f]{64})(\.indexer)?_.*_rankshard-rr-tp2-r(\d)\.bin$")
+REPLICATED_FILE = re.compile(r"^([0-9a-f]{64})(\.indexer)?_[^_]*\.bin$")
+# rank 1's KV shard of the page that ends here is deleted before the restart's
+# last revisit: both ranks prefetch the pages before it (at least the 256-token
+# prefetch threshold), none after
+DELETED_AT = {"tiny-mla": 320, "tiny-dsa": 320}
 
 
 def prompts(seed, n, revisit):
@@ -209,16 +261,60 @@ def workload(server, model, record_dir, corrupt):
     return out
 
 
-def serve(model, name, env):
+def shard_files(storage_dir) -> dict:
+    """Rank -> {file name: size} of the rank-sharded objects in a directory."""
+    out = {0: {}, 1: {}}
+    for name in os.listdir(storage_dir):
+        m = SHARD_FILE.match(name)
+        if m:
+            out[int(m.group(3))][name] = os.path.getsize(Path(storage_dir) / name)
+    return out
+
+
+def l3_counters(server) -> dict:
+    """(tp_rank, direction) -> bytes, from the server's /metrics."""
+    text = server.get("/metrics").text
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(L3_METRIC + "{"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+            out[(int(labels["tp_rank"]), labels["direction"])] = int(
+                float(line.rsplit(" ", 1)[1])
+            )
+    return out
+
+
+def l3_settled(server, storage_dir, timeout=60.0, base=None) -> dict:
+    """Waits until every rank's written-bytes counter covers its shard files
+    on disk beyond ``base`` (rank -> bytes already there), i.e. the backups of
+    the workload have landed, at most ``timeout``; returns the last counters
+    and files either way."""
+    deadline = time.monotonic() + timeout
+    while True:
+        counters, files = l3_counters(server), shard_files(storage_dir)
+        grown = {r: sum(f.values()) - (base or {}).get(r, 0) for r, f in files.items()}
+        if all(counters.get((r, "written")) == grown[r] for r in (0, 1)):
+            break
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    return dict(counters=counters, files=files)
+
+
+def serve(model, name, env, storage_dir=None):
     record_dir = ""
     if name != "refusing":
         record_dir = tempfile.mkdtemp(prefix=f"load-record-{model}-{name}-")
         env = dict(env, **{load_record.ENV: record_dir})
+    args = LAUNCH[model] + ARGS
+    if storage_dir:
+        env = dict(env, **{STORAGE_DIR_ENV: storage_dir})
+        args += L3_ARGS + WRITE_ONLY
     t0 = time.monotonic()
     nodes = 2 if name == "refusing" else 1  # one launcher per TP rank
     server = LiveServer(
         "patched",
-        LAUNCH[model] + ARGS,
+        args,
         env=env,
         name=f"{model}-{name}",
         model=model,
@@ -227,6 +323,8 @@ def serve(model, name, env):
     t1 = time.monotonic()
     try:
         out = workload(server, model, record_dir, corrupt=name == "sharded")
+        if name == "sharded":
+            out["l3"] = l3_settled(server, storage_dir)
         if (model, name) == FAULT_SERVER:
             # End of life: TP rank 1's scheduler killed under 8 streams.
             roles = server.roles()
@@ -248,13 +346,74 @@ def serve(model, name, env):
     return out
 
 
-def run_pair(model):
+def restart(model, name, storage_dir):
+    """A server of the pair again, on its first run's directory: it revisits
+    the eviction workload's first four prompts from L3. Before the last one,
+    the KV object of its page ending at DELETED_AT is deleted: on the sharded
+    server rank 1's shard only, on the replicated one the whole page."""
+    from sglang.srt.mem_cache.utils import get_storage_hash_str
+
+    texts = prompts(23, 4, 2)[:4]
+    sharded = name == "sharded"
+    env = dict(SHARDED if sharded else REPLICATED, **{STORAGE_DIR_ENV: storage_dir})
+    settled = l3_settled if sharded else lambda *a, **k: {}
+    t0 = time.monotonic()
+    server = LiveServer(
+        "patched",
+        RESTART_LAUNCH + ARGS + L3_ARGS,
+        env=env,
+        name=f"{model}-{name}-restart",
+        model=model,
+    )
+    t1 = time.monotonic()
+    try:
+        out = dict(before=settled(server, storage_dir, timeout=0))
+        out["revisits"] = [one(server, t) for t in texts[:-1]]
+        ids = server.post_raw("/tokenize", {"prompt": texts[-1]}).json()["tokens"]
+        page = PAGE[model]
+        hashes = get_storage_hash_str(ids, None, page_size=page)
+        doomed = DELETED_AT[model] // page  # the page after the last kept one
+        out["deleted"] = [
+            n
+            for n in os.listdir(storage_dir)
+            if n.startswith(hashes[doomed] + "_")
+            and (n.endswith("-r1.bin") or not sharded)
+        ]
+        for n in out["deleted"]:
+            os.remove(Path(storage_dir) / n)
+        out["start"] = settled(server, storage_dir, timeout=0)
+        out["revisits"].append(one(server, texts[-1]))
+        if sharded:
+            base = {r: sum(f.values()) for r, f in out["start"]["files"].items()}
+            out["end"] = l3_settled(server, storage_dir, base=base)
+        out["errors"] = server.log_text().count("HiCache rank shard verify")
+    except Exception as exc:
+        raise RuntimeError(
+            f"{model} {name} restart: {exc}\n{server.log_tail()}"
+        ) from exc
+    finally:
+        t2 = time.monotonic()
+        assert_all_gone(server.stop())
+    out["seconds"] = dict(start=t1 - t0, workload=t2 - t1, stop=time.monotonic() - t2)
+    return out
+
+
+def run_pair(model, storage):
     servers = dict(sharded=SHARDED, replicated=REPLICATED)
     if model == REFUSING_MODEL:
         servers["refusing"] = REFUSING
     with concurrent.futures.ThreadPoolExecutor(len(servers)) as pool:
-        runs = {k: pool.submit(serve, model, k, env) for k, env in servers.items()}
-        return {k: run.result() for k, run in runs.items()}
+        runs = {
+            k: pool.submit(serve, model, k, env, storage.get(k))
+            for k, env in servers.items()
+        }
+        out = {k: run.result() for k, run in runs.items()}
+        # both restarted side by side: a prefix from L3 is compared with a
+        # prefix from L3 (a cached prefix and a fresh prefill may differ in
+        # the last bits, and so in a greedy token, on either server)
+        restarts = {k: pool.submit(restart, model, k, storage[k]) for k in storage}
+        out.update({f"restart_{k}": run.result() for k, run in restarts.items()})
+    return out
 
 
 class RankShardServerChecks:
@@ -263,7 +422,13 @@ class RankShardServerChecks:
 
     @classmethod
     def setUpClass(cls):
-        cls.runs = run_pair(cls.MODEL)
+        cls.storage = {
+            name: tempfile.mkdtemp(prefix=f"hicache-l3-{cls.MODEL}-{name}-")
+            for name in ("sharded", "replicated")
+        }
+        for d in cls.storage.values():
+            cls.addClassCleanup(shutil.rmtree, d, ignore_errors=True)
+        cls.runs = run_pair(cls.MODEL, cls.storage)
         seconds = [cls.runs[name]["seconds"] for name in ("sharded", "replicated")]
         print(f"{cls.MODEL} seconds (sharded / replicated): {seconds}")
 
@@ -351,6 +516,86 @@ class RankShardServerChecks:
             differing, {(0, 0, FIELD[self.MODEL]), (1, 0, FIELD[self.MODEL])}
         )
 
+    # ------------------------------------------------------------------ L3
+    def shard_bytes(self) -> dict:
+        """One page of a rank's shard object, per kind (KV, DSA indexer), from
+        the geometry: upstream's object of the page (the replicated server's,
+        every layer) holds LAYERS layers, each rank owns LAYERS / SHARD of them
+        (test_every_rank_owns_its_layers); no draft layers are packed."""
+        full = {}
+        for n in os.listdir(self.storage["replicated"]):
+            m = REPLICATED_FILE.match(n)
+            if m:
+                full[bool(m.group(2))] = os.path.getsize(
+                    Path(self.storage["replicated"]) / n
+                )
+        self.assertEqual(
+            set(full), {False, True} if self.MODEL == "tiny-dsa" else {False}
+        )
+        return {kind: size * (LAYERS // SHARD) // LAYERS for kind, size in full.items()}
+
+    def test_l3_every_rank_stores_its_own_share_once(self):
+        share = self.shard_bytes()
+        l3 = self.runs["sharded"]["l3"]
+        pages = []
+        for rank in (0, 1):
+            files = l3["files"][rank]
+            self.assertTrue(files, rank)
+            for name, size in files.items():
+                indexer = SHARD_FILE.match(name).group(2) is not None
+                self.assertEqual(size, share[indexer], name)
+            pages.append({SHARD_FILE.match(n).group(1, 2) for n in files})
+            # the counter: this rank's objects, each written once
+            self.assertEqual(l3["counters"].get((rank, "written")), sum(files.values()))
+            self.assertEqual(l3["counters"].get((rank, "read")), 0)  # no prefetch yet
+        # every page has both ranks' shards and nothing else: stored once
+        self.assertEqual(pages[0], pages[1])
+        others = [
+            n
+            for n in os.listdir(self.storage["sharded"])
+            if n.endswith(".bin") and not SHARD_FILE.match(n)
+        ]
+        self.assertEqual(others, [])
+
+    def test_l3_restart_serves_revisits_from_storage(self):
+        share = self.shard_bytes()
+        rs, theirs = self.runs["restart_sharded"], self.runs["restart_replicated"]
+        print(f"{self.MODEL} restart seconds: {rs['seconds']}")
+        print(
+            f"{self.MODEL} restart revisits: {[r['details'] for r in rs['revisits']]}"
+        )
+        print(f"{self.MODEL} restart L3 counters: {rs['end']['counters']}")
+        # the same outputs and cached tokens as the replicated server,
+        # restarted on its own L3 (its whole page deleted where ours lost one
+        # shard)
+        self.assertEqual(rs["revisits"], theirs["revisits"])
+        for r in rs["revisits"][:-1]:
+            self.assertGreater(r["details"].get("storage", 0), 0, r)
+            self.assertGreaterEqual(r["cached"], self.aligned(PROMPT_WORDS) - 8, r)
+        # rank 1's shard of one page deleted: a miss from that page on, on
+        # both ranks (each read only the pages before it, below)
+        self.assertEqual(len(rs["deleted"]), 1, rs["deleted"])
+        self.assertEqual(len(theirs["deleted"]), 1, theirs["deleted"])
+        last = rs["revisits"][-1]
+        self.assertGreater(last["details"].get("storage", 0), 0, last)
+        self.assertEqual(last["cached"], DELETED_AT[self.MODEL], last)
+        # every rank read its own share of each page served from storage
+        stored_pages = sum(r["details"].get("storage", 0) for r in rs["revisits"])
+        stored_pages //= PAGE[self.MODEL]
+        for rank in (0, 1):
+            self.assertEqual(
+                rs["end"]["counters"].get((rank, "read")),
+                stored_pages * sum(share.values()),
+                rank,
+            )
+            # and wrote only what it found missing: rank 1 its deleted shard
+            before = rs["before"]["files"][rank]
+            gone = sum(before[n] for n in rs["deleted"] if n in before)
+            grown = sum(rs["end"]["files"][rank].values()) - sum(before.values())
+            written = rs["end"]["counters"].get((rank, "written"))
+            self.assertEqual(written, grown + gone, rank)
+        self.assertEqual(rs["errors"], 0)
+
 
 class TestRankShardServerMLA(RankShardServerChecks, unittest.TestCase):
     MODEL = "tiny-mla"
@@ -419,7 +664,10 @@ class TestRankShardServerDSA(RankShardServerChecks, unittest.TestCase):
             if i in refused:
                 self.assertEqual(a["cached"], b["cached"] - b["details"]["host"], i)
                 self.assertEqual(a["details"].get("host", 0), 0, i)
-            else:
+            else:  # the replicated server has L3 too: its details say so
+                b = dict(b, details=dict(b["details"]))
+                for key in ("storage", "storage_backend"):
+                    b["details"].pop(key, None)
                 self.assertEqual(a, b, i)
         # logged once, naming the refusing rank and the load's size
         expected = [(theirs["eviction"][i]["details"]["host"], "[1]") for i in refused]
