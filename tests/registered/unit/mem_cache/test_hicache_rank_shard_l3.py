@@ -179,6 +179,24 @@ class TestRankShardL3Activation(unittest.TestCase):
                 ],
             )
 
+    def test_file_on_a_pd_decode_worker_is_refused_naming_the_flag(self):
+        # A decode restore waits for its L3 prefetch by each rank's own
+        # check: not agreed across the shard group, so refused there.
+        from sglang.srt.runtime_context import get_disagg
+
+        with get_disagg().override(
+            disaggregation_mode="decode", disaggregation_decode_enable_radix_cache=True
+        ):
+            self.assertEqual(
+                self.reasons("file"),
+                [
+                    "--hicache-storage-backend file on a PD decode worker (a "
+                    "decode restore's wait for its L3 prefetch is decided per "
+                    "rank, not agreed across the shard group)"
+                ],
+            )
+            self.assertEqual(self.reasons(None), [])
+
 
 class TestRankShardL3NegativeControls(L3ShardChecks, unittest.TestCase):
     def test_every_rank_writing_rank_0s_key_is_caught(self):
