@@ -63,8 +63,11 @@ def test_pr_tests_pass_upstream_style_on_the_pr_alone(pr_check_runs, group):
     entries = [n for n in read_series() if n.startswith(group + "/")]
     tests = pr_tests.feature_tests(group)
     early = [t for t in tests if pr_tests.lands_with(t, entries) != entries[-1]]
-    if group == "hicache-rank-shard":  # the config lands with 0002
-        assert [t.name for t in early] == ["test_hicache_rank_shard_config.py"]
+    if group == "hicache-rank-shard":  # the config with 0002, DP attention 0011
+        assert sorted(t.name for t in early) == [
+            "test_hicache_rank_shard_config.py",
+            "test_hicache_rank_shard_dp_attention.py",
+        ]
     expected = 2 * len(tests) + len(early)  # pristine, early prefixes, whole PR
     assert f"{expected} of {expected} PR test runs pass" in proc.stdout
     # each test ran on pristine 0.5.23 first: failing there, or passing for
