@@ -194,7 +194,7 @@ CONTROLS = (
     ),
     Control(
         name="l3-shard-key-without-rank",
-        level="cheap",
+        level="full",  # test_hicache_rank_shard_l3.py runs it in-test too
         module="srt/mem_cache/hicache_rank_shard/storage.py",
         old='    return f"_rankshard-{rule}-tp{tp_size}-r{rank}"\n',
         new='    return f"_rankshard-{rule}-tp{tp_size}-r0"  # negative control\n',
@@ -204,7 +204,7 @@ CONTROLS = (
     ),
     Control(
         name="l3-written-bytes-counted-twice",
-        level="cheap",
+        level="full",  # test_hicache_rank_shard_l3.py runs it in-test too
         module="srt/mem_cache/hicache_rank_shard/storage.py",
         old='        self._count("written", nbytes)\n',
         new='        self._count("written", 2 * nbytes)  # negative control\n',
