@@ -27,7 +27,9 @@ records each process that imports it (appended lines that only write to
 ``$NEGATIVE_CONTROL_IMPORTS``), and the test process's ``sglang.__file__``.
 
 ``cheap`` controls run unit tests (CI runs them, tests/tooling/
-test_negative_controls.py); ``full`` ones start live servers.
+test_negative_controls.py), one per core at once (each in its own scratch
+copy and warm interpreter; ``--jobs``); ``full`` ones start live servers and
+run one at a time.
 ``--controls-json FILE`` replaces the built-in controls (the driver's own
 tests use it).
 """
@@ -35,15 +37,18 @@ tests use it).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
 import json
 import os
+import queue
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -702,8 +707,20 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="a fresh interpreter per control, not a fork of the warm one",
     )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=0,
+        metavar="N",
+        help="controls run at once (default: one per core for --set cheap, "
+        "where each runs unit tests in one process; one at a time otherwise, "
+        "where live servers take every core)",
+    )
     parser.add_argument("--list", action="store_true")
     args = parser.parse_args(argv)
+    if args.jobs < 0:
+        parser.error(f"--jobs {args.jobs}: must be 0 (the default) or more")
+    jobs = args.jobs or ((os.cpu_count() or 1) if args.set == "cheap" else 1)
     names = [n for arg in args.control for n in arg.split(",") if n]
 
     controls = CONTROLS
@@ -724,25 +741,43 @@ def main(argv: list[str] | None = None) -> int:
     print(f"installed sglang: {package}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    summary = []
+    warm_ok = not args.cold and (
+        Path(args.python).resolve() == Path(sys.executable).resolve()
+    )
+    jobs = max(1, min(jobs, len(chosen)))
+    done = [0]
     with contextlib.ExitStack() as stack:
-        warm = None
-        if (
-            not args.cold
-            and Path(args.python).resolve() == Path(sys.executable).resolve()
-        ):
-            # Third-party imports paid once; sglang comes from each copy.
-            warm = stack.enter_context(WarmPython(THIRD_PARTY + ("pytest",)))
-        for i, control in enumerate(chosen, 1):
-            entry = run_control(control, package, args.out, args.python, warm)
-            summary.append(entry)
-            print(
-                f"[{i}/{len(chosen)}] {control.name}: "
-                f"{'ok' if entry['ok'] else 'NOT OK'} in {entry['seconds'] or 0:.0f} s; "
-                f"test process imported {_rel(entry['sglang'])}; mutated module "
-                f"imported by {entry['importing_processes']} process(es)",
-                flush=True,
+        # One warm interpreter per job (each runs one control at a time):
+        # third-party imports paid once per job; sglang comes from each copy.
+        idle = queue.Queue()
+        for _ in range(jobs):
+            idle.put(
+                stack.enter_context(WarmPython(THIRD_PARTY + ("pytest",)))
+                if warm_ok
+                else None
             )
+        lock = threading.Lock()
+
+        def one(control):
+            warm = idle.get()
+            try:
+                entry = run_control(control, package, args.out, args.python, warm)
+            finally:
+                idle.put(warm)
+            with lock:
+                done[0] += 1
+                print(
+                    f"[{done[0]}/{len(chosen)}] {control.name}: "
+                    f"{'ok' if entry['ok'] else 'NOT OK'} in "
+                    f"{entry['seconds'] or 0:.0f} s; test process imported "
+                    f"{_rel(entry['sglang'])}; mutated module imported by "
+                    f"{entry['importing_processes']} process(es)",
+                    flush=True,
+                )
+            return entry
+
+        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+            summary = list(pool.map(one, chosen))  # in the order chosen
     elapsed = time.monotonic() - start
     rows = [
         (
