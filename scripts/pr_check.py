@@ -21,9 +21,10 @@ an import error, a collection error or a crash does not count): a PR test
 that passes without its patches proves nothing about them. A test that passes on pristine on purpose (a flag-off comparison with
 upstream) declares why: ``PASSES_ON_PRISTINE = "<reason>"``, and must pass.
 
-The pristine runs and the import checks are forked from a warm interpreter
-(``warm_python``) that has the third-party packages imported already; the
-test runs on the PR are fresh ``python3`` processes. Each run and check is a
+Every run and check is forked from a warm interpreter (``warm_python``)
+that has the third-party packages imported already (torch, transformers,
+...; never sglang for the runs on the PR and its prefixes), which saves
+each run about half its start. Each run and check is a
 job that holds one slot while it runs (one per core, ``Slots``): the pristine
 runs use their own copy of the unpatched layout and overlap the prefix walk
 and the runs on the PR, which run side by side, the longest first.
@@ -38,8 +39,6 @@ import contextlib
 import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -73,28 +72,10 @@ def layout_env(layout: Path) -> dict:
     return env
 
 
-def _run(path: Path, env: dict, limit: float, log: Path) -> str:
-    """``python3 <test>`` in its folder; on timeout the test's whole process
-    group (its ranks, servers) is killed."""
-    with open(log, "w") as sink:
-        proc = subprocess.Popen(
-            [sys.executable, path.name],
-            cwd=path.parent,
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            code = proc.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            code = None
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
+def _run(warm: WarmPython, path: Path, env: dict, limit: float, log: Path) -> str:
+    """``python3 <test>`` in its folder, forked from ``warm``; on timeout the
+    test's whole session (its ranks, servers) is killed."""
+    code = warm.run([path.name], path.parent, env, log, limit)
     if code is None:
         return f"FAIL (over {limit:.0f} s)"
     return "pass" if code == 0 else f"FAIL ({code})"
@@ -222,6 +203,7 @@ def pr_check(
                             pool.submit(
                                 slots.run,
                                 _run_test,
+                                warm,
                                 snap,
                                 snap / path.relative_to(layout),
                                 layout_env(snap),
@@ -230,18 +212,22 @@ def pr_check(
                         )
 
             apply_each(out, entries, layout, after_each)
-        lint = pool.submit(slots.run, _lint, out, entries, layout)
-        # the longest first (by its registered estimate): none left alone at the end
-        longest = sorted(
-            tests, key=lambda p: -float(cpu_registration(p).get("est_time", 60))
-        )
-        whole = {p: pool.submit(slots.run, _run_test, layout, p, env) for p in longest}
-        return [
-            *first.result(),
-            *(f.result() for f in early),
-            lint.result(),
-            *(whole[p].result() for p in tests),
-        ]
+            lint = pool.submit(slots.run, _lint, out, entries, layout)
+            # the longest first (by its registered estimate): none left alone
+            # at the end
+            longest = sorted(
+                tests, key=lambda p: -float(cpu_registration(p).get("est_time", 60))
+            )
+            whole = {
+                p: pool.submit(slots.run, _run_test, warm, layout, p, env)
+                for p in longest
+            }
+            return [
+                *first.result(),
+                *(f.result() for f in early),
+                lint.result(),
+                *(whole[p].result() for p in tests),
+            ]
 
 
 def _snapshot(layout: Path, dest: Path) -> Path:
@@ -331,13 +317,13 @@ def _time_limit(registration: dict) -> float:
     )
 
 
-def _run_test(layout: Path, path: Path, env: dict, where: str = ""):
+def _run_test(warm: WarmPython, layout: Path, path: Path, env: dict, where: str = ""):
     rel = str(path.relative_to(layout)) + where
     reg = cpu_registration(path)
     limit = _time_limit(reg)
     log = path.with_suffix(".log")
     start = time.monotonic()
-    result = _run(path, env, limit, log)
+    result = _run(warm, path, env, limit, log)
     row = (rel, reg.get("suite", "?"), time.monotonic() - start, result)
     print(f"{result:>14}  {row[2]:6.1f} s  {row[1]}  {rel}", flush=True)
     if result != "pass":

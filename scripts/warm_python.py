@@ -7,7 +7,9 @@ packages (torch, transformers, ...). ``WarmPython`` imports them once, in a
 server process, and forks one child per job: the child gets the job's working
 directory, environment, ``sys.path`` (the script's folder, then the job's
 ``PYTHONPATH``) and ``sys.argv``, runs the script as ``__main__`` with its
-output in the job's log, and its exit status is the job's.
+output in the job's log, and its exit status is the job's. Jobs of several
+threads run side by side (each answer names its job); the caller bounds how
+many.
 
 The server never imports sglang unless asked to (``preload`` of a layout that
 is not patched afterwards): a job's ``import sglang`` resolves to the job's
@@ -21,6 +23,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 # Third-party packages sglang imports at ``import sglang.srt.managers.scheduler``
@@ -58,7 +61,7 @@ THIRD_PARTY = (
 )
 
 _SERVER = r"""
-import importlib, json, os, runpy, signal, sys, time
+import importlib, json, os, runpy, select, signal, sys, time
 preload, sglang_path = json.loads(sys.argv[1]), sys.argv[2]
 if sglang_path:
     sys.path.insert(0, sglang_path)
@@ -72,58 +75,79 @@ if not sglang_path and any(m.split(".")[0] == "sglang" for m in sys.modules):
 base_path = [p for p in sys.path if p and p != sglang_path]
 reply = os.fdopen(int(sys.argv[3]), "w")
 print("ready", file=reply, flush=True)
-for line in sys.stdin:
-    job = json.loads(line)
+
+
+def start(job):
     pid = os.fork()
-    if pid == 0:
-        os.setsid()
-        reply.close()
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        fd = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        code = 1
-        try:
-            os.chdir(job["cwd"])
-            # spawned and forkserver children start from (and find the main
-            # script in) the directory multiprocessing saw at its import
-            import multiprocessing.process
-            multiprocessing.process.ORIGINAL_DIR = os.path.abspath(job["cwd"])
-            os.environ.clear()
-            os.environ.update(job["env"])
-            extra = [p for p in job["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-            sys.path[:] = [job["cwd"]] + extra + base_path
-            sys.argv = list(job["argv"])
-            if job.get("code") is not None:
-                exec(compile(job["code"], "<job>", "exec"), {"__name__": "__main__"})
-            else:
-                runpy.run_path(job["argv"][0], run_name="__main__")
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        except BaseException:
-            import traceback
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    deadline = time.monotonic() + job["timeout"]
-    status = None
-    while time.monotonic() < deadline:
-        done, raw = os.waitpid(pid, os.WNOHANG)
-        if done:
-            status = os.waitstatus_to_exitcode(raw)
-            break
-        time.sleep(0.05)
+    if pid:
+        return pid
+    os.setsid()
+    reply.close()
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    fd = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    code = 1
+    try:
+        os.chdir(job["cwd"])
+        # spawned and forkserver children start from (and find the main
+        # script in) the directory multiprocessing saw at its import
+        import multiprocessing.process
+        multiprocessing.process.ORIGINAL_DIR = os.path.abspath(job["cwd"])
+        os.environ.clear()
+        os.environ.update(job["env"])
+        extra = [p for p in job["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+        sys.path[:] = [job["cwd"]] + extra + base_path
+        sys.argv = list(job["argv"])
+        if job.get("code") is not None:
+            exec(compile(job["code"], "<job>", "exec"), {"__name__": "__main__"})
+        else:
+            runpy.run_path(job["argv"][0], run_name="__main__")
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def finish(pid, job_id, status):
     try:
         os.killpg(pid, signal.SIGKILL)  # the job's whole session
     except ProcessLookupError:
         pass
     if status is None:
         os.waitpid(pid, 0)
-    print(json.dumps(status), file=reply, flush=True)
+    print(json.dumps([job_id, status]), file=reply, flush=True)
+
+
+# Jobs run side by side: each line starts one, each ending answers its id.
+running, pending, open_ = {}, b"", True  # pid -> (job id, deadline)
+while open_ or running:
+    if open_ and select.select([0], [], [], 0.05)[0]:
+        chunk = os.read(0, 1 << 16)
+        open_ = bool(chunk)
+        pending += chunk
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            job = json.loads(line)
+            running[start(job)] = (job["id"], time.monotonic() + job["timeout"])
+    elif not open_:
+        time.sleep(0.05)
+    for pid, (job_id, deadline) in list(running.items()):
+        done, raw = os.waitpid(pid, os.WNOHANG)
+        if done:
+            finish(pid, job_id, os.waitstatus_to_exitcode(raw))
+        elif time.monotonic() > deadline:
+            finish(pid, job_id, None)
+        else:
+            continue
+        del running[pid]
 """
 
 
@@ -158,6 +182,11 @@ class WarmPython:
         if self.reply.readline().strip() != "ready":
             code = self.proc.wait()
             raise RuntimeError(f"the warm interpreter did not start (exit {code})")
+        self.lock, self.next_id = threading.Lock(), 0
+        self.waiting: dict = {}  # job id -> Event
+        self.results: dict = {}  # job id -> exit status | None
+        self.reader = threading.Thread(target=self._answers, daemon=True)
+        self.reader.start()
         return self
 
     def run(
@@ -171,21 +200,40 @@ class WarmPython:
     ) -> int | None:
         """Run ``argv[0]`` (or ``code`` with ``argv``) in a forked child;
         its exit status, or None when it ran past ``timeout`` (killed with its
-        session)."""
-        job = {
-            "argv": [str(a) for a in argv],
-            "cwd": str(cwd),
-            "env": env,
-            "log": str(log),
-            "timeout": timeout,
-            "code": code,
-        }
-        self.proc.stdin.write(json.dumps(job) + "\n")
-        self.proc.stdin.flush()
-        line = self.reply.readline()
-        if not line:
-            raise RuntimeError(f"the warm interpreter exited ({self.proc.wait()})")
-        return json.loads(line)
+        session). Threads may call it at once: their jobs run side by side."""
+        with self.lock:
+            self.next_id += 1
+            job_id, done = self.next_id, threading.Event()
+            self.waiting[job_id] = done
+            job = {
+                "id": job_id,
+                "argv": [str(a) for a in argv],
+                "cwd": str(cwd),
+                "env": env,
+                "log": str(log),
+                "timeout": timeout,
+                "code": code,
+            }
+            self.proc.stdin.write(json.dumps(job) + "\n")
+            self.proc.stdin.flush()
+        done.wait()
+        with self.lock:
+            del self.waiting[job_id]
+            if job_id not in self.results:
+                raise RuntimeError(f"the warm interpreter exited ({self.proc.wait()})")
+            return self.results.pop(job_id)
+
+    def _answers(self) -> None:
+        """Hands each answer line (``[id, status]``) to the job waiting on it;
+        at the server's end, wakes every job still waiting."""
+        for line in self.reply:
+            job_id, status = json.loads(line)
+            with self.lock:
+                self.results[job_id] = status
+                self.waiting[job_id].set()
+        with self.lock:
+            for done in self.waiting.values():
+                done.set()
 
     def __exit__(self, *exc) -> None:
         try:
@@ -196,4 +244,5 @@ class WarmPython:
             except ProcessLookupError:
                 pass
             self.proc.wait()
+            self.reader.join(timeout=10)  # the server's end: its answers end
             self.reply.close()

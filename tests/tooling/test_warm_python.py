@@ -83,3 +83,34 @@ def test_code_job_and_a_third_party_preload_that_imports_no_sglang(tmp_path):
         code = "import sys\nprint('sglang' in sys.modules, sys.argv[1:])"
         assert server.run(["-c", "x"], tmp_path, dict(os.environ), log, 30, code) == 0
         assert log.read_text().strip() == "False ['x']"
+
+
+RENDEZVOUS = """
+import os, sys, time
+mine, theirs = sys.argv[1], sys.argv[2]
+open(mine, "w").close()
+deadline = time.monotonic() + 60
+while not os.path.exists(theirs):
+    if time.monotonic() > deadline:
+        raise SystemExit(9)
+    time.sleep(0.05)
+raise SystemExit(int(sys.argv[3]))
+"""
+
+
+def test_jobs_of_two_threads_run_side_by_side(warm, tmp_path):
+    # Each job waits for the other's file: one at a time, the first would
+    # wait out its limit (None); side by side, both end with their own status.
+    import concurrent.futures
+
+    (tmp_path / "r.py").write_text(RENDEZVOUS)
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+
+    def job(argv, name):
+        log = tmp_path / f"{name}.log"
+        return warm.run(["r.py", *argv], tmp_path, dict(os.environ), log, 90)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        first = pool.submit(job, [a, b, "3"], "a")
+        second = pool.submit(job, [b, a, "4"], "b")
+        assert (first.result(timeout=120), second.result(timeout=120)) == (3, 4)
