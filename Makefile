@@ -111,7 +111,7 @@ lint: venv $(LINT_UPSTREAM)/.stamp
 	$(PYTHON) scripts/lint_product.py
 
 pytest: sysdeps install model $(LINT_UPSTREAM)/.stamp
-	$(VENV)/bin/python -m pytest tests $(PYTEST_ARGS)
+	$(VENV)/bin/python scripts/pytest_lanes.py $(PYTEST_ARGS)
 
 test: sysdeps lint pytest
 
