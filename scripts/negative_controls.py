@@ -242,6 +242,19 @@ CONTROLS = (
         what="each L3 object a live server reads is counted twice",
     ),
     Control(
+        name="l3-shard-read-zeroed-live",
+        level="full",
+        module="srt/mem_cache/hicache_storage.py",
+        old="                self.rank_shard.count_read(expected)\n",
+        new="                self.rank_shard.count_read(expected)\n"
+        "                target_location.zero_()  # negative control\n",
+        tests=(
+            RANK_SHARD_SERVER_DSA + "::test_l3_restart_serves_revisits_from_storage",
+        ),
+        expected=("Lists differ",),
+        what="a rank-sharded server's L3 reads land as zeros in its host tier",
+    ),
+    Control(
         name="rank-shard-load-back-not-agreed",
         level="full",
         module="srt/managers/cache_controller.py",
