@@ -28,8 +28,8 @@ records each process that imports it (appended lines that only write to
 
 ``cheap`` controls run unit tests (CI runs them, tests/tooling/
 test_negative_controls.py), one per core at once (each in its own scratch
-copy and warm interpreter; ``--jobs``); ``full`` ones start live servers and
-run one at a time.
+copy, all forked from one warm interpreter; ``--jobs``); ``full`` ones start
+live servers and run one at a time.
 ``--controls-json FILE`` replaces the built-in controls (the driver's own
 tests use it).
 """
@@ -43,7 +43,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import queue
 import shutil
 import signal
 import subprocess
@@ -760,23 +759,15 @@ def main(argv: list[str] | None = None) -> int:
     jobs = max(1, min(jobs, len(chosen)))
     done = [0]
     with contextlib.ExitStack() as stack:
-        # One warm interpreter per job (each runs one control at a time):
-        # third-party imports paid once per job; sglang comes from each copy.
-        idle = queue.Queue()
-        for _ in range(jobs):
-            idle.put(
-                stack.enter_context(WarmPython(THIRD_PARTY + ("pytest",)))
-                if warm_ok
-                else None
-            )
+        # Third-party imports paid once; sglang comes from each copy. The warm
+        # interpreter runs the jobs' controls side by side.
+        warm = None
+        if warm_ok:
+            warm = stack.enter_context(WarmPython(THIRD_PARTY + ("pytest",)))
         lock = threading.Lock()
 
         def one(control):
-            warm = idle.get()
-            try:
-                entry = run_control(control, package, args.out, args.python, warm)
-            finally:
-                idle.put(warm)
+            entry = run_control(control, package, args.out, args.python, warm)
             with lock:
                 done[0] += 1
                 print(
