@@ -26,7 +26,7 @@ PORT ?= 30000
 SERVER_ARGS ?=
 MODEL ?= tiny-llama
 
-.PHONY: all sysdeps fetch apply refresh wheel venv install model serve-cpu test lint pytest negative-controls check-series drift rebase rebase-continue rebase-abort series-table pr pr-check clean distclean
+.PHONY: all sysdeps fetch apply refresh wheel venv install model serve-cpu test lint pytest negative-controls check-series drift rebase rebase-continue rebase-abort series-table pr pr-check gateway-venv clean distclean
 
 all: wheel
 
@@ -172,6 +172,16 @@ pr: venv $(LINT_UPSTREAM)/.stamp
 pr-check: venv $(LINT_UPSTREAM)/.stamp
 	@test -n "$(FEATURE)" || { echo "usage: make pr-check FEATURE=<series group>" >&2; exit 2; }
 	$(VENV)/bin/python scripts/pr_check.py $(FEATURE)
+
+# SMG, the gateway benchmark/cache_aware_routing/bench_vs_gateway.py compares
+# with, in a venv of its own (the benchmark's; never the test venv).
+GATEWAY_VENV ?= build/gateway-venv
+GATEWAY_REQS := benchmark/cache_aware_routing/requirements-gateway.txt
+gateway-venv: $(GATEWAY_VENV)/.stamp
+$(GATEWAY_VENV)/.stamp: $(GATEWAY_REQS)
+	$(PYTHON) -m venv $(GATEWAY_VENV)
+	$(GATEWAY_VENV)/bin/python -m pip install -q --no-cache-dir -r $(GATEWAY_REQS)
+	touch $@
 
 clean:
 	rm -rf build/src build/src.tmp build/wheel build/check dist

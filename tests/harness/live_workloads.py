@@ -36,6 +36,24 @@ def conversations(n: int, seed: int, first: int = 300) -> list[list[int]]:
     return [[rng.choice(VOCAB) for _ in range(first)] for _ in range(n)]
 
 
+def shared_system_conversations(
+    n: int, seed: int, systems: int, system_tokens: int, question_tokens: int
+) -> tuple[list[list[int]], list[int]]:
+    """``n`` first prompts: conversation ``c`` starts with system prompt
+    ``c % systems`` (``system_tokens`` random ids) and its own question of
+    ``question_tokens``.  Also returns each first turn's oracle: the system
+    prompt for every conversation but the first of its system prompt."""
+    rng = random.Random(seed)
+    prompts = [
+        [rng.choice(VOCAB) for _ in range(system_tokens)] for _ in range(systems)
+    ]
+    first = [
+        prompts[c % systems] + [rng.choice(VOCAB) for _ in range(question_tokens)]
+        for c in range(n)
+    ]
+    return first, [system_tokens if c >= systems else 0 for c in range(n)]
+
+
 def _sse_chunks(server, payload: dict, timeout: float):
     """A streaming ``/generate``: yields ``(chunk, seconds since sending)``
     per SSE data chunk, ``(None, seconds)`` for ``[DONE]``."""
@@ -145,6 +163,7 @@ def run_conversations(
     max_new_tokens: int = 8,
     stream: bool = False,
     route=None,
+    first_prompts: tuple[list[list[int]], list[int]] | None = None,
 ):
     """``route(c)``: the DP rank to send conversation ``c`` to (the client-side
     sticky policy), None: the server's routing.
@@ -152,11 +171,16 @@ def run_conversations(
     oracle); with ``stream=True`` also ``ttft`` and ``ids_mode``
     (``stream_generate``).  ``oracle`` is what a rank that kept the whole
     conversation would have cached: the previous turn's prompt and output
-    (its last output token never has KV), 0 on the first turn."""
+    (its last output token never has KV), 0 on the first turn.
+    ``first_prompts``: the first turns and their oracles
+    (``shared_system_conversations``) instead of ``n`` random prompts of
+    ``first`` ids."""
     rng = random.Random(seed + 1)
-    prompts = conversations(n, seed, first)
+    if first_prompts is None:
+        prompts, oracle = conversations(n, seed, first), [0] * n
+    else:
+        prompts, oracle = [list(p) for p in first_prompts[0]], list(first_prompts[1])
     records = [[] for _ in range(n)]
-    oracle = [0] * n
 
     def send(c):
         rank = route(c) if route else None
