@@ -107,6 +107,17 @@ CONTROLS = (
         what="a landed prefill never becomes a pending prefix on its rank",
     ),
     Control(
+        name="client-routed-request-not-recorded",
+        level="cheap",
+        module="srt/managers/data_parallel_controller.py",
+        old="            self.cache_aware_router.record_external(\n",
+        new="            (lambda *_: None)(  # negative control: not recorded\n",
+        tests=(DISPATCH + "::TestPrefillLandings",),
+        expected=("test_a_client_routed_request_is_its_own_outcome_and_lands",),
+        what="a request that names its DP rank is sent there but the router "
+        "records nothing of it (no outcome, load or prefix credit)",
+    ),
+    Control(
         name="landing-credits-unknown-rid",
         level="cheap",
         module="srt/managers/dp_routing/in_flight.py",
@@ -400,6 +411,35 @@ CONTROLS = (
         expected=("test_client_round_robin_control_misses_where_it_moves_a_turn",),
         what="the DP controller ignores routed_dp_rank: the client-side round "
         "robin control is routed by cache",
+    ),
+    Control(
+        name="digest-chunk-256-live",
+        level="full",
+        module="srt/arg_groups/cache_aware_routing_hook.py",
+        old="DEFAULT_DIGEST_CHUNK_TOKENS = 64\n",
+        new="DEFAULT_DIGEST_CHUNK_TOKENS = 256  # negative control: the old default\n",
+        tests=(
+            R + "server/test_cache_aware_routing_server.py"
+            "::TestCacheAwareRoutingServer"
+            "::test_short_prompts_stick_under_the_default_chunk",
+        ),
+        expected=("test_short_prompts_stick_under_the_default_chunk",),
+        what="the digest chunk default back at 256 tokens: conversations "
+        "whose prompts stay under 256 tokens are routed by load",
+    ),
+    Control(
+        name="decode-credit-at-dispatch-live",
+        level="full",
+        module="srt/managers/dp_routing/router.py",
+        old="        return decode_radix_cache\n",
+        new="        return False  # negative control: credit from dispatch\n",
+        tests=(
+            R + "server/test_pd_decode_hicache_server.py::TestPdDecodeHiCacheServer"
+            "::test_a_burst_before_its_decode_landing_is_routed_by_load",
+        ),
+        expected=("test_a_burst_before_its_decode_landing_is_routed_by_load",),
+        what="a PD decode worker credits a dispatched prefix from its dispatch: "
+        "the burst's second request follows the first by its match",
     ),
     Control(
         name="router-ignores-host-digests-live",

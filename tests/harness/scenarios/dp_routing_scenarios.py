@@ -625,8 +625,7 @@ def _probes(handle, router, refresh_default):
     def go(rid, tokens, refresh=refresh_default):
         before = dict(router.stats)
         landed = handle.dispatch(make_req(rid, tokens), refresh=refresh)
-        how = [k for k, v in router.stats.items() if v != before.get(k, 0)]
-        return landed, how[0] if len(how) == 1 else how
+        return landed, _changed(router.stats, before)
 
     def pending_sizes():
         return [len(router.pending.expiry[r]) for r in range(router.num_dp_ranks)]
@@ -763,10 +762,31 @@ def landing_cases(rank, world_size, ttl=30.0):
         send_landing(handle, rank_u, [("u0", 48)])
         out["pending_after_u0"] = pending_sizes()
         out["rank_u"] = rank_u
+        # A request its client sent to a rank itself (routed_dp_rank, as a
+        # gateway's --dp-aware does), not the rank the router would pick: it
+        # counts as outcome external, and from its landing on its prefix
+        # draws its followers there like any dispatched prefix.
+        ext = (out["after_landing"][0] + 2) % dp
+        requests_before = list(handle.controller.dp_budget.total_requests)
+        q = _prompt(95, 48)
+        before = dict(router.stats)
+        landed = handle.dispatch(make_req("e0", q, routed_dp_rank=ext), refresh=False)
+        out["external"] = (ext, landed, _changed(router.stats, before))
+        out["external_requests"] = [
+            a - b
+            for a, b in zip(handle.controller.dp_budget.total_requests, requests_before)
+        ]
+        send_landing(handle, ext, [("e0", 48)])
+        out["after_external_landing"] = go("e1", q + _prompt(96, 8))
         out["stats"] = dict(router.stats)
         return out
     finally:
         handle.close()
+
+
+def _changed(stats, before):
+    how = [k for k, v in stats.items() if v != before.get(k, 0)]
+    return how[0] if len(how) == 1 else how
 
 
 def clear_dispatch_history(router):
@@ -935,3 +955,48 @@ def wait_for_match(handle, tokens, timeout=10.0):
             return True
         time.sleep(0.02)
     return False
+
+
+# A PD decode worker's controller (--disaggregation-mode decode with the decode
+# radix cache): a decode rank matches a request against its tree when it
+# pre-allocates it; the transferred KV of an earlier request is there only once
+# its prebuilt batch was formed (process_prebuilt checkpoints it), which the DP
+# leader reports as a landing.
+DECODE = dict(
+    disaggregation_mode="decode",
+    disaggregation_decode_enable_radix_cache=True,
+)
+
+
+def decode_landing_cases(rank, world_size, ttl=30.0):
+    """A burst of one new prompt before its decode landing spreads by load;
+    once the first request's decode rank reports the landing, a follower
+    goes there by its match. Returns ``(landed_rank, how)`` per request and
+    the pending sizes per rank."""
+    dp, page, chunk, max_extra = CRAFTED
+    handle, sender, router = _crafted_controller(
+        max_age=30.0, pending_ttl=ttl, **DECODE
+    )
+    out = {
+        "credit_on_landing": router.credit_on_landing,
+        "landing_receiver": router.landing_receiver is not None,
+    }
+    go, pending_sizes = _probes(handle, router, refresh_default=False)
+    try:
+        out["settled"] = _settle_idle(handle, sender)
+        p = _prompt(50, 48)  # six chunks of 8
+        # Transfers still in flight: no decode rank holds the prefix yet.
+        out["burst"] = [go(f"b{i}", p + _prompt(60 + i, 8)) for i in range(dp)]
+        out["pending_before_landing"] = pending_sizes()
+        out["in_flight"] = len(router.in_flight)
+        first = out["burst"][0][0]
+        # The first request's prebuilt batch put its prompt (56 tokens) in
+        # the decode tree of its rank.
+        if router.landing_receiver is not None:  # none: credited at dispatch
+            send_landing(handle, first, [("b0", 56)])
+        out["pending_after_landing"] = pending_sizes()
+        out["after_landing"] = go("a0", p + _prompt(71, 8))
+        out["stats"] = dict(router.stats)
+        return out
+    finally:
+        handle.close()

@@ -66,6 +66,8 @@ PROJECT_ONLY = "runs this project's CPU server (stand-ins, local tiny model)"
 
 DP = ["--dp-size", "2"]
 HICACHE = HICACHE_ARGS + ["--hicache-ratio", "4"]
+# Conversations whose prompts stay under 256 tokens (60, 98, 136, 174).
+SHORT = dict(n=6, turns=4, seed=17, first=60, new_tokens=30, clients=4)
 
 
 def scrape(text: str, name: str) -> dict:
@@ -96,7 +98,7 @@ def wait_for_digest_since(server, rank: int, since: float, timeout=120.0) -> int
     ``since`` (this process's monotonic clock, the host's): one that shows
     what the rank's tree held then. The controller drains digests when it
     dispatches a request, so tiny requests sent straight to ``rank``
-    (``routed_dp_rank``: the router does not count them) make it drain; the
+    (``routed_dp_rank``: outcome ``external``, no decision) make it drain; the
     age of the digest it then holds (``dp_routing_digest_age_seconds``, at
     that drain) dates its arrival. A digest that arrived after a drain that
     came after ``since`` was published after ``since``: after the first
@@ -262,8 +264,8 @@ def stall_probe(server) -> dict:
 CONTROLLER_TITLE = "sglang::data_parallel_controller"
 CLEAN_STOP_GRACE_S = 90.0  # SIGTERM to SIGKILL of what is left (bounded)
 ROUTING_DIR_PREFIX = "sglang_dp_routing_"
-# The server's digest chunk size: 256 tokens (the default) at page size 1.
-CHUNK = 256
+# The server's digest chunk size (the default, 64 tokens at page size 1) is read
+# from /server_info: a digest of another chunk size is dropped for that reason.
 
 
 def controller_pid(server) -> int:
@@ -294,14 +296,15 @@ def leftovers(paths: list) -> list:
     return sorted(set(left + [p for p in paths + [directory] if os.path.lexists(p)]))
 
 
-def digest(**fields) -> bytes:
-    """A CacheDigest as msgpack (its wire form: an array of its fields)."""
+def digest(chunk, **fields) -> bytes:
+    """A CacheDigest of a server of digest chunk size ``chunk`` as msgpack
+    (its wire form: an array of its fields)."""
     d = dict(
         dp_rank=0,
         epoch=12345,
         seq=1,
         page_size=1,
-        chunk_size=CHUNK,
+        chunk_size=chunk,
         timestamp=time.time(),
         available_tokens=1000,
         capacity_tokens=0,
@@ -318,27 +321,31 @@ def landing(rank, rids, upto) -> bytes:
     return msgspec.msgpack.encode([rank, rids, upto])
 
 
-# (message, reason it is dropped for, payload) per socket; the first digest
-# (key bytes that are not whole 8-byte keys) used to stop the server.
-MALFORMED = {
-    "digest": [
-        ("CacheDigest", "gpu_hashes", digest(gpu_hashes=b"\x00" * 13)),
-        ("CacheDigest", "dp_rank", digest(dp_rank=7)),
-        ("CacheDigest", "chunk_size", digest(chunk_size=0)),
-        ("CacheDigest", "chunk_size", digest(chunk_size=CHUNK // 2)),
-        ("CacheDigest", "page_size", digest(page_size=-1)),
-        ("CacheDigest", "available_tokens", digest(available_tokens=-5)),
-        ("CacheDigest", "shape", msgspec.msgpack.encode({"dp_rank": 0})),
-        ("CacheDigest", "msgpack", b"\xc1\x00\xff"),
-        ("CacheDigest", "msgpack", b""),
-    ],
-    "landing": [
-        ("PrefillLanded", "dp_rank", landing(7, ["x"], [10])),
-        ("PrefillLanded", "upto", landing(0, ["x", "y"], [10])),
-        ("PrefillLanded", "upto", landing(1, ["x"], [0])),
-        ("PrefillLanded", "msgpack", b"\xc1"),
-    ],
-}
+def malformed(chunk) -> dict:
+    """(message, reason it is dropped for, payload) per socket; the first
+    digest (key bytes that are not whole 8-byte keys) used to stop the
+    server."""
+    return {
+        "digest": [
+            ("CacheDigest", "gpu_hashes", digest(chunk, gpu_hashes=b"\x00" * 13)),
+            ("CacheDigest", "dp_rank", digest(chunk, dp_rank=7)),
+            ("CacheDigest", "chunk_size", digest(chunk, chunk_size=0)),
+            ("CacheDigest", "chunk_size", digest(chunk, chunk_size=chunk // 2)),
+            ("CacheDigest", "page_size", digest(chunk, page_size=-1)),
+            ("CacheDigest", "available_tokens", digest(chunk, available_tokens=-5)),
+            ("CacheDigest", "shape", msgspec.msgpack.encode({"dp_rank": 0})),
+            ("CacheDigest", "msgpack", b"\xc1\x00\xff"),
+            ("CacheDigest", "msgpack", b""),
+        ],
+        "landing": [
+            ("PrefillLanded", "dp_rank", landing(7, ["x"], [10])),
+            ("PrefillLanded", "upto", landing(0, ["x", "y"], [10])),
+            ("PrefillLanded", "upto", landing(1, ["x"], [0])),
+            ("PrefillLanded", "msgpack", b"\xc1"),
+        ],
+    }
+
+
 REPEATS = 20  # more of the first digest: still one warning
 
 
@@ -347,7 +354,7 @@ def warning_text(message, reason) -> str:
 
 
 def malformed_probe(server) -> dict:
-    """Pushes the MALFORMED messages into the controller's routing sockets,
+    """Pushes the ``malformed`` messages into the controller's routing sockets,
     then serves conversations (whose dispatches drain them); returns the
     directory's mode, owner and entries, the warnings per reason, whether
     the same controller still runs, and the conversations' records and
@@ -355,6 +362,9 @@ def malformed_probe(server) -> dict:
     pid = controller_pid(server)
     paths = routing_sockets(server)
     directory = os.path.dirname(paths[0])
+    cases_by_socket = malformed(
+        server.get("/server_info").json()["dp_routing_digest_chunk_size"]
+    )
     info = os.stat(directory)
     out = {
         "paths": paths,
@@ -366,7 +376,7 @@ def malformed_probe(server) -> dict:
     before = outcomes(server)
     ctx = zmq.Context()
     try:
-        for name, cases in MALFORMED.items():
+        for name, cases in cases_by_socket.items():
             push = ctx.socket(zmq.PUSH)
             push.setsockopt(zmq.LINGER, 10_000)
             push.connect(f"ipc://{directory}/{name}.sock")
@@ -381,7 +391,7 @@ def malformed_probe(server) -> dict:
     out["records"] = run_conversations(server, n=2, turns=3, seed=21, clients=2)
     after = outcomes(server)
     out["outcomes"] = {k: v - before.get(k, 0) for k, v in after.items()}
-    expected = {(m, r) for cases in MALFORMED.values() for m, r, _ in cases}
+    expected = {(m, r) for cases in cases_by_socket.values() for m, r, _ in cases}
     for message, reason in sorted(expected):
         wait_for_log(server, warning_text(message, reason), 120.0)
     text = server.log_text()[logged_before:]
@@ -423,7 +433,9 @@ class TestCacheAwareRoutingServer(unittest.TestCase):
     stop_killed: dict = {}
 
     @classmethod
-    def _serve(cls, name, extra, sequential=None, control=None, kill=False, **work):
+    def _serve(
+        cls, name, extra, sequential=None, short=None, control=None, kill=False, **work
+    ):
         """Serves ``work``; at the end the server is stopped, or with
         ``kill`` its DP controller is killed. ``control``: the workload
         again on prefixes of its own (another seed), each request sent to
@@ -437,6 +449,8 @@ class TestCacheAwareRoutingServer(unittest.TestCase):
                 cls.runs[name + "_sequential"] = run_conversations(
                     server, clients=1, **sequential
                 )
+            if short:  # prompts under 256 tokens, on prefixes of their own
+                cls.runs[name + "_short"] = run_conversations(server, **short)
             if control:
                 cls.control_route = ClientRoundRobin(2)
                 cls.runs[name + "_control"] = run_conversations(
@@ -468,6 +482,7 @@ class TestCacheAwareRoutingServer(unittest.TestCase):
             "cache_aware",
             ["--load-balance-method", "cache_aware", "--enable-metrics"],
             sequential=dict(n=6, turns=3, seed=13),
+            short=SHORT,
             control=dict(seed=31),
             **work,
         )
@@ -502,6 +517,20 @@ class TestCacheAwareRoutingServer(unittest.TestCase):
                 per_rank[r["rank"]] += 1
         self.assertLessEqual(max(per_rank), 1.25 * min(per_rank), per_rank)
 
+    def test_short_prompts_stick_under_the_default_chunk(self):
+        # First prompts of 60 tokens, 30 new a turn (and 8 output tokens):
+        # turn 2 is 98 tokens, turn 4 174. The default digest chunk (64 tokens)
+        # shows each conversation's prefix on its rank from turn 2 on, so
+        # every later turn finds its whole previous prompt there (a 256-token
+        # chunk hides them all: later turns are routed by load, each on its
+        # conversation's rank about one time in two).
+        short = self.runs["cache_aware_short"]
+        later = sum(len(conv) - 1 for conv in short)
+        self.assertEqual(later, SHORT["n"] * (SHORT["turns"] - 1))
+        self.assertEqual(full_hit_turns(short), later, short)
+        for c, conv in enumerate(short):
+            self.assertEqual(len({r["rank"] for r in conv}), 1, (c, conv))
+
     def test_router_metrics_on_the_metrics_endpoint(self):
         text = self.metrics["cache_aware"]
         routed = {
@@ -510,12 +539,18 @@ class TestCacheAwareRoutingServer(unittest.TestCase):
         }
         requests = len(self.namespaces) + sum(
             len(conv)
-            for key in ("cache_aware", "cache_aware_sequential")
+            for key in ("cache_aware", "cache_aware_sequential", "cache_aware_short")
             for conv in self.runs[key]
         )
-        # Every request of both workloads and the namespace probe counted
-        # once (health checks bypass the router; warmup is skipped); later
-        # turns routed by their match.
+        # Requests that named their DP rank (the client round robin control
+        # and the digest probes, as a gateway's --dp-aware sends them) count
+        # as "external", each once ...
+        external = routed.pop("external", 0)
+        control = sum(len(conv) for conv in self.runs["cache_aware_control"])
+        self.assertEqual(external, control + self.digest_probes, routed)
+        # ... every request of both workloads and the namespace probe once
+        # (health checks bypass the router; warmup is skipped); later turns
+        # routed by their match.
         self.assertEqual(sum(routed.values()), requests, routed)
         self.assertGreaterEqual(routed.get("match", 0), requests // 2, routed)
         tokens = {

@@ -48,6 +48,14 @@ controller honours before cache_aware; the prefill server, one rank, gets the
 body without it).  It must miss the revisits and give the seed run's greedy
 outputs, hit or miss.
 
+Then the seed worker gets a burst: two requests of one new prompt posted to it
+``BURST_LEAD_S`` before prefill gets them, so both are routed among its DP ranks
+before either transfer could land. A decode rank reuses transferred KV only
+once its prebuilt batch put it in its tree, which its DP leader reports as a
+landing (cache-aware-routing/0007): both are routed as misses, by load; a
+prefix credited from its dispatch sent the second to the first's rank by its
+match.
+
 Then each decode worker gets a prompt that passes its input-length check but
 needs more than its whole pool with the reserved decode tokens: it answers
 HTTP 400 naming the sizes, prefill answers too (it was told), and both serve
@@ -98,8 +106,13 @@ DECODE_BASE = [
     *HICACHE_IO,
 ]
 SEED_FLAGS = [
-    # 64-token digest chunks: a 200-token prompt spans three (the default
-    # 256 would leave every prompt here invisible to the router)
+    # The burst decodes on both ranks at once: with equal batches the TP LM
+    # head's all-to-all (on by default for a pure-DP decode node) runs, and
+    # sglang::reg_all_to_all_single has no CPU kernel.
+    "--no-enable-tp-lm-head-all-to-all",
+    # 64-token digest chunks (the default, named here because the test
+    # needs it): a 200-token prompt spans three; 256-token chunks would
+    # leave every prompt here invisible to the router
     "--dp-routing-digest-chunk-size",
     "64",
     "--disaggregation-decode-enable-radix-cache",
@@ -123,6 +136,57 @@ SEED_ADMISSION_LOG = (
     "pre-allocation planned per round"
 )
 WORDS = "cache prefix token rank host device page layer tree radix decode".split()
+
+
+BURST_LEAD_S = 2.0  # decode bodies first: both routed before any transfer
+BURST_KEY = "decode-landing-burst"  # a namespace no other request shares
+
+
+def outcomes(server) -> dict:
+    """``sglang:dp_routing_requests_total`` by outcome."""
+    text = server.get("/metrics").text
+    out = {}
+    for labels, value in re.findall(
+        r"^sglang:dp_routing_requests_total\{([^}]*)\} (\S+)$", text, re.M
+    ):
+        how = re.search(r'outcome="([^"]*)"', labels).group(1)
+        out[how] = out.get(how, 0.0) + float(value)
+    return out
+
+
+def delta(after: dict, before: dict) -> dict:
+    keys = set(after) | set(before)
+    return {
+        k: after.get(k, 0) - before.get(k, 0)
+        for k in keys
+        if after.get(k, 0) != before.get(k, 0)
+    }
+
+
+def pd_burst(prefill, decode, bootstrap_port, text, copies, lead_s) -> list:
+    """``copies`` requests of ``text`` (under ``BURST_KEY``), each posted to
+    the decode worker ``lead_s`` before prefill; the decode answers' meta."""
+    bodies = [
+        {
+            "text": text,
+            "sampling_params": greedy(NEW_TOKENS),
+            "bootstrap_host": "127.0.0.1",
+            "bootstrap_port": bootstrap_port,
+            "bootstrap_room": random.randint(0, 2**62),
+            "extra_key": BURST_KEY,
+        }
+        for _ in range(copies)
+    ]
+    with ThreadPoolExecutor(2 * copies) as pool:
+        ds = [pool.submit(decode.post_raw, "/generate", b) for b in bodies]
+        time.sleep(lead_s)
+        ps = [pool.submit(prefill.post_raw, "/generate", b) for b in bodies]
+        answers = [d.result() for d in ds]
+        for p in ps:
+            assert p.result().status_code == 200, p.result().text[:300]
+    for a in answers:
+        assert a.status_code == 200, a.text[:300]
+    return [a.json()["meta_info"] for a in answers]
 
 
 def pd_generate(prefill, decode, bootstrap_port, text, extra_key=None, rank=None):
@@ -259,8 +323,17 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
             oversized = " ".join(rng.choice(WORDS) for _ in range(OVERSIZED_WORDS))
             seed = decodes["seed"]
             runs = run_workload(prefill, seed, bootstrap_port)
+            before = outcomes(seed)
             control = run_workload(prefill, seed, bootstrap_port, round_robin=True)
-            cls.results["round_robin"] = dict(runs=control)
+            cls.results["round_robin"] = dict(
+                runs=control, outcomes=delta(outcomes(seed), before)
+            )
+            before = outcomes(seed)
+            burst = " ".join(rng.choice(WORDS) for _ in range(PROMPT_WORDS))
+            cls.results["burst"] = dict(
+                meta=pd_burst(prefill, seed, bootstrap_port, burst, 2, BURST_LEAD_S)
+            )
+            cls.results["burst"]["outcomes"] = delta(outcomes(seed), before)
             for name, decode in decodes.items():
                 cls.results[name] = dict(
                     info=decode.get("/server_info").json(),
@@ -361,6 +434,20 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
             self.assertNotEqual(again["rank"], runs[key]["rank"], key)
             self.assertEqual(again["cached"], 0, key)
             self.assertEqual(again["loaded_back"], 0, key)
+
+    def test_the_control_counts_as_routed_by_the_client(self):
+        # every control request named its rank: outcome external, each once
+        self.assertEqual(
+            self.results["round_robin"]["outcomes"], {"external": len(workload())}
+        )
+
+    def test_a_burst_before_its_decode_landing_is_routed_by_load(self):
+        burst = self.results["burst"]
+        print("burst:", [(m.get("dp_rank"), m["cached_tokens"]) for m in burst["meta"]])
+        # neither could reuse the other's transferred KV: two misses (credit
+        # from dispatch routed the second by its match to the first's rank)
+        self.assertEqual(burst["outcomes"], {"miss": 2}, burst)
+        self.assertEqual({m["dp_rank"] for m in burst["meta"]}, {0, 1}, burst)
 
     def test_a_request_no_decode_pool_can_admit_is_refused_and_prefill_freed(self):
         for name in DECODES:

@@ -87,11 +87,11 @@ class TestCacheAwareCli(unittest.TestCase):
     def test_chunk_size_resolution_and_validation(self):
         self.assertEqual(
             _resolve(dp_size=2, load_balance_method="cache_aware", page_size=16),
-            ("cache_aware", 256),
+            ("cache_aware", 64),
         )
         self.assertEqual(
             _resolve(dp_size=2, load_balance_method="cache_aware", page_size=96),
-            ("cache_aware", 288),
+            ("cache_aware", 96),
         )
         self.assertEqual(
             _resolve(

@@ -201,6 +201,19 @@ class TestPrefillLandings(unittest.TestCase):
         self.assertEqual(self.out["pending_after_landing"], self.expected(7))
         self.assertEqual(self.out["after_landing"], (self.first, "match"))
 
+    def test_a_client_routed_request_is_its_own_outcome_and_lands(self):
+        # routed_dp_rank (a gateway's --dp-aware): served where it was sent,
+        # counted once as "external" and in that rank's request count ...
+        ext, landed, how = self.out["external"]
+        self.assertEqual((landed, how), (ext, "external"))
+        expected = [0] * 4
+        expected[ext] = 1
+        self.assertEqual(self.out["external_requests"], expected)
+        self.assertEqual(self.out["stats"]["external"], 1)
+        # ... and once it landed a follower of its fresh prefix goes there by
+        # its match (no other rank holds any of it: a miss otherwise).
+        self.assertEqual(self.out["after_external_landing"], (ext, "match"))
+
     def test_landing_of_an_unknown_rid_credits_nothing(self):
         before = self.out["pending_before_unknown"]
         self.assertEqual(self.out["pending_after_unknown"], before)
