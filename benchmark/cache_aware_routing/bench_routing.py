@@ -8,7 +8,9 @@ produce two workloads:
 * ``multiturn``: conversations whose every turn resends the whole history plus
   a new user message (the previous answer is cached with the turn);
 * ``sysprompt``: requests sharing one of a few long system prompts, each with a
-  unique question.
+  unique question;
+* ``shortchat``: conversations of short turns (40-200 token first messages,
+  10-60 token follow-ups): many prompts shorter than a 256-token chunk.
 
 For each DP size and workload the same trace is routed by every policy, side
 by side in one run:
@@ -16,7 +18,10 @@ by side in one run:
 * ``round_robin``, ``total_requests``, ``total_tokens``: upstream's methods;
 * ``cache_aware``: ours (``CacheAwareRouter`` fed by ``PrefixDigestTracker``
   digests published every 100 ms of simulated time, encoded and decoded as on
-  the wire, with the server defaults: chunk size, ``--dp-routing-max-extra-reqs``,
+  the wire, with the server defaults: chunk size (``--chunk-sizes N ...`` adds
+  ``cache_aware_cN``, the same with ``--dp-routing-digest-chunk-size N``;
+  ``dig B`` and ``KiB/s``: its digests' bytes per publish and per simulated
+  second over all ranks), ``--dp-routing-max-extra-reqs``,
   ``--dp-routing-pending-ttl``; a request's prefix earns credit once its rank
   reports its prefill landed, at the modeled end of its prefill, as a wire
   ``PrefillLanded``); ``cache_aware_ttl0`` the same without pending
@@ -120,6 +125,32 @@ def multiturn(rng, n_req, n_conv):
         if c["turns"] > 12:  # finished: replace by a new conversation
             c["hist"], c["turns"] = _tokens(rng, rng.randrange(200, 800)), 0
     return out
+
+
+def shortchat(rng, n_req, n_conv):
+    """Chat whose turns stay short: a 40-200 token first message, 10-60
+    token follow-ups, 20-120 token answers; a conversation ends after 8
+    turns (most prompts are under 1000 tokens, many under 256)."""
+    new_conv = lambda: {
+        "hist": _tokens(rng, rng.randrange(40, 200)),
+        "turns": 0,
+    }  # noqa: E731
+    convs = [new_conv() for _ in range(n_conv)]
+    out = []
+    for i in range(n_req):
+        k = rng.randrange(n_conv)
+        c = convs[k]
+        prompt = c["hist"] + (_tokens(rng, rng.randrange(10, 60)) if c["turns"] else [])
+        answer = _tokens(rng, rng.randrange(20, 120))
+        c["hist"] = prompt + answer
+        c["turns"] += 1
+        out.append(Request(i, 0.0, prompt, answer))
+        if c["turns"] >= 8:
+            convs[k] = new_conv()
+    return out
+
+
+WORKLOADS = ("multiturn", "sysprompt", "shortchat")
 
 
 def sysprompt(rng, n_req, n_prompts):
@@ -261,10 +292,13 @@ class Ours(Policy):
     # the DataParallelController is) or "inline" (in the simulation's process).
     controller = "process"
 
-    def __init__(self, ranks, chunk=256, max_extra=16):
+    chunk = None  # None: the server's default (rounded up to PAGE)
+
+    def __init__(self, ranks, max_extra=16):
         from sglang.srt.managers.dp_routing.tracker import PrefixDigestTracker
 
         super().__init__(ranks)
+        chunk = self.chunk or default_chunk()
         self.now = 0.0
         args = (self.dp, max_extra, self.pending_ttl)
         if self.controller == "process":
@@ -273,6 +307,8 @@ class Ours(Policy):
             self.router = _InlineController(*args)
         self.trackers = [PrefixDigestTracker(PAGE, chunk) for _ in ranks]
         self.chunk = chunk
+        self.digest_bytes = 0  # every payload the ranks published
+        self.publishes = 0
         self.seq = [0] * self.dp
         self.last_publish = -1.0
         self.landings = []  # heap of (prefill done, rank, rid, prompt tokens)
@@ -320,6 +356,8 @@ class Ours(Policy):
                         host_hashes=host,
                     ).encode()
                 )
+                self.digest_bytes += len(payloads[-1])
+                self.publishes += 1
         landed = self._landed(now)
         rank, spent = self.router.route(
             now, payloads, landed, req.prompt, str(req.rid), self.budget
@@ -494,6 +532,22 @@ class OursNoPending(Ours):
     pending_ttl = 0.0
 
 
+def default_chunk() -> int:
+    """The server's default digest chunk in tokens, rounded up to PAGE."""
+    from sglang.srt.arg_groups.cache_aware_routing_hook import (
+        DEFAULT_DIGEST_CHUNK_TOKENS,
+    )
+
+    return -(-DEFAULT_DIGEST_CHUNK_TOKENS // PAGE) * PAGE
+
+
+def with_chunk(size: int):
+    """``cache_aware`` with ``--dp-routing-digest-chunk-size size``."""
+    return type(
+        f"OursC{size}", (Ours,), {"name": f"cache_aware_c{size}", "chunk": size}
+    )
+
+
 def _page_keys(tokens):
     """Chained page keys (SMG keeps characters in a radix tree; a chain of page
     digests gives the same longest-prefix answer for token sequences)."""
@@ -620,6 +674,9 @@ class Result:
     controller_s: float = 0.0
     replay_s: float = float("nan")
     evicted: int = 0
+    digest_bytes: int = 0
+    publishes: int = 0
+    sim_s: float = 0.0
 
     def summary(self):
         t = sorted(self.ttft)
@@ -636,6 +693,14 @@ class Result:
             "controller_us_per_req": 1e6 * self.controller_s / self.requests,
             "controller_back_to_back_us_per_req": 1e6 * self.replay_s / self.requests,
             "gpu_evicted_tokens": self.evicted,
+            # cache_aware only: the ranks' digests, per publish and per
+            # simulated second over all ranks
+            "digest_bytes_per_publish": (
+                self.digest_bytes / self.publishes if self.publishes else None
+            ),
+            "digest_kib_per_s": (
+                self.digest_bytes / 1024 / self.sim_s if self.publishes else None
+            ),
         }
 
 
@@ -673,6 +738,9 @@ def simulate(policy_cls, trace, dp, kv_tokens, host_ratio, decisions=None):
         res.computed += uncached
         res.ttft.append(ttft)
     res.busy = [r.busy for r in ranks]
+    res.digest_bytes = getattr(policy, "digest_bytes", 0)
+    res.publishes = getattr(policy, "publishes", 0)
+    res.sim_s = trace[-1].arrival - trace[0].arrival if len(trace) > 1 else 0.0
     if hasattr(policy, "replay_s"):
         res.replay_s = policy.replay_s()
         policy.close()
@@ -716,23 +784,47 @@ def main():
         help="also write every policy's chosen rank per request and its hit "
         "counts to PATH (JSON), to compare two revisions' decisions exactly",
     )
+    ap.add_argument(
+        "--chunk-sizes",
+        type=int,
+        nargs="+",
+        default=[],
+        help="also run cache_aware with these --dp-routing-digest-chunk-size "
+        "values (multiples of the page size, 16), as cache_aware_cN",
+    )
+    ap.add_argument(
+        "--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS
+    )
+    ap.add_argument(
+        "--policies",
+        nargs="+",
+        default=None,
+        help="run only these policies (names as in the table; round_robin always)",
+    )
     args = ap.parse_args()
     Ours.controller = args.controller
+    policies = POLICIES + [with_chunk(c) for c in args.chunk_sizes]
+    if args.policies:
+        policies = [
+            c for c in policies if c is RoundRobin or c.name in set(args.policies)
+        ]
 
     n_req = 300 if args.quick else 2000
     kv_tokens = args.kv_tokens or (4096 if args.quick else 8192)
     host_ratio = 2.0
     runs, decisions = [], {}
     for dp in args.dp:
-        for workload in ("multiturn", "sysprompt"):
+        for workload in args.workloads:
             rng = random.Random(args.seed * 1000 + dp)
             if workload == "multiturn":
                 trace = multiturn(rng, n_req, n_conv=12 * dp)
+            elif workload == "shortchat":
+                trace = shortchat(rng, n_req, n_conv=12 * dp)
             else:
                 trace = sysprompt(rng, n_req, n_prompts=6 * dp)
             trace = with_arrivals(rng, trace, dp, args.utilization)
             rows = []
-            for cls in POLICIES:
+            for cls in policies:
                 t0 = time.perf_counter()
                 landed = []
                 row = simulate(cls, trace, dp, kv_tokens, host_ratio, landed)
@@ -772,6 +864,9 @@ def main():
             "utilization_target": args.utilization,
             "seed": args.seed,
             "controller": args.controller,
+            "default_chunk": default_chunk(),
+            "chunk_sizes": args.chunk_sizes,
+            "workloads": args.workloads,
         },
         "runs": runs,
     }
@@ -804,7 +899,7 @@ def _print(dp, workload, rows, floor_us):
     head = (
         f"{'policy':<15}{'gpu hit':>8}{'host hit':>9}{'prefill tok':>12}{'vs rr':>7}"
         f"{'imbal':>7}{'ttft mean':>10}{'vs rr':>7}{'ttft p90':>9}{'vs rr':>7}{'ctl us':>8}"
-        f"{'b2b':>6}{'evicted':>9}"
+        f"{'b2b':>6}{'evicted':>9}{'dig B':>8}{'KiB/s':>7}"
     )
     print(head)
     for r in rows:
@@ -816,6 +911,11 @@ def _print(dp, workload, rows, floor_us):
             f"{r['controller_us_per_req']:>8.0f}"
             f"{r['controller_back_to_back_us_per_req']:>6.0f}"
             f"{r['gpu_evicted_tokens']:>9d}"
+            + (
+                f"{r['digest_bytes_per_publish']:>8.0f}{r['digest_kib_per_s']:>7.0f}"
+                if r.get("digest_bytes_per_publish")
+                else ""
+            )
         )
 
 

@@ -83,12 +83,7 @@ from benchmark.cache_aware_routing.bench_live_routing import (
     log_errors,
     summarize,
 )
-from harness.live_server import (
-    HICACHE_ARGS,
-    LiveServer,
-    assert_all_gone,
-    free_port,
-)
+from harness.live_server import HICACHE_ARGS, LiveServer, assert_all_gone, free_port
 from harness.live_workloads import (
     run_bursts,
     run_conversations,
@@ -409,6 +404,7 @@ def main():
     reps = 1 if args.quick else args.reps
     smg_ver = smg_version(args.smg_bin)
     label = series_label()
+    meta_start = run_metadata()  # the tree as it served, not as it is at the end
     t0 = time.perf_counter()
     runs, servers = {}, []
     for policy in args.policies:
@@ -431,11 +427,12 @@ def main():
                 runs[(policy, workload)] = run
             servers.append(info)
     summary = build_summary(runs, smg_ver, label)
+    summary["git_revision"] = meta_start["git_revision"]
     _print(summary, servers)
     folder = run_dir(args.out, "vs-gateway" + ("-quick" if args.quick else ""))
     (folder / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     meta = {
-        **run_metadata(),
+        **meta_start,
         "series": importlib.metadata.version("sglang"),
         "smg_version": smg_ver,
         "params": {
