@@ -442,6 +442,22 @@ CONTROLS = (
         "the burst's second request follows the first by its match",
     ),
     Control(
+        name="kv-events-without-host-tier-live",
+        level="full",
+        module="srt/mem_cache/rust_tree_core/adapter.py",
+        old="            for event in self._binding.take_events()\n        ]\n        return events\n",
+        new="            for event in self._binding.take_events()\n        ]\n"
+        "        # negative control: the host tier's moves are not published\n"
+        '        return [e for e in events if getattr(e, "medium", None) != "CPU_PINNED"]\n',
+        tests=(
+            R + "server/test_kv_events_tiers_server.py::TestKvEventsPlainHiCache"
+            "::test_each_block_of_a_moves_once_per_transition",
+        ),
+        expected=("test_each_block_of_a_moves_once_per_transition",),
+        what="the KV event publisher of a HiCache server (Rust tree core) "
+        "publishes no host-tier move",
+    ),
+    Control(
         name="router-ignores-host-digests-live",
         level="full",
         module="srt/managers/dp_routing/rank_digests.py",

@@ -72,6 +72,17 @@ from concurrent.futures import ThreadPoolExecutor
 import requests
 from sglang.test.ci.ci_register import register_cpu_ci
 
+from harness.kv_events import (
+    CPU,
+    GPU,
+    REMOVED,
+    STORED,
+    Subscriber,
+    alternation_errors,
+    blocks,
+    events_config,
+    publisher_port,
+)
 from harness.live_server import LiveServer, assert_all_gone, free_port, greedy
 
 register_cpu_ci(est_time=300, suite="base-b-test-cpu")
@@ -305,11 +316,16 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
             "patched", prefill_args, env=PD_ENV, name="prefill", model=MODEL
         )
         decodes, pids = {}, []
+        # The seed worker's KV events, one publisher per DP rank (port + rank),
+        # subscribed before it binds.
+        events_port = publisher_port(ranks=2)
+        subs = [Subscriber(f"tcp://127.0.0.1:{events_port + r}") for r in range(2)]
+        events = ["--kv-events-config", events_config(events_port)]
 
         def start(name):
             decodes[name] = LiveServer(
                 "patched",
-                DECODES[name],
+                DECODES[name] + (events if name == "seed" else []),
                 env=PD_ENV,
                 name=f"decode-{name}",
                 model=MODEL,
@@ -323,6 +339,10 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
             oversized = " ".join(rng.choice(WORDS) for _ in range(OVERSIZED_WORDS))
             seed = decodes["seed"]
             runs = run_workload(prefill, seed, bootstrap_port)
+            for sub in subs:
+                sub.settle()
+            cls.results["events"] = [list(sub.records) for sub in subs]
+            cls.results["page"] = seed.get("/server_info").json()["page_size"]
             before = outcomes(seed)
             control = run_workload(prefill, seed, bootstrap_port, round_robin=True)
             cls.results["round_robin"] = dict(
@@ -350,6 +370,8 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
             logs += "".join(d.log_tail(4000) for d in decodes.values())
             raise RuntimeError(f"{exc}\n{logs}") from exc
         finally:
+            for sub in subs:
+                sub.close()
             for server in (*decodes.values(), prefill):
                 pids += server.stop()
         assert_all_gone(pids)
@@ -416,6 +438,32 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
             self.assertEqual(details["host"], again["loaded_back"], key)
             self.assertEqual(details["device"] + details["host"], again["cached"], key)
             self.assertEqual(again["output_ids"], runs[key]["output_ids"], key)
+
+    def test_kv_events_report_the_decode_host_tier_per_rank(self):
+        # Each DP rank's publisher reports its own tree's moves (attn_dp_rank
+        # = the rank), no transition twice, and a block stored on the GPU again
+        # after its host copy and its eviction from the GPU for every token a
+        # revisit loaded back from that rank's host tier, plus the revisit's
+        # NEW_TOKENS outputs: the first visit's greedy tokens again (checked
+        # above), whose host-only blocks its decode puts back on the GPU.
+        runs, page = self.results["seed"]["runs"], self.results["page"]
+        for rank, records in enumerate(self.results["events"]):
+            self.assertEqual({r[1] for r in records}, {rank})
+            history, _, _ = blocks(records, page)
+            self.assertEqual(alternation_errors(history), [], rank)
+            load_back = [(STORED, CPU), (REMOVED, GPU), (STORED, GPU)]
+            reloaded = [h for h, ev in history.items() if ev[-3:] == load_back]
+            revisits = [
+                run
+                for run in runs.values()
+                if run["rank"] == rank and run.get("loaded_back")
+            ]
+            loaded = sum(run["loaded_back"] for run in revisits)
+            print(f"rank {rank}: {len(history)} blocks, {len(reloaded)} back on GPU")
+            self.assertEqual(len(revisits), 1, rank)  # A's or B's
+            self.assertEqual(
+                len(reloaded) * page, loaded + NEW_TOKENS * len(revisits), rank
+            )
 
     def test_control_misses_the_revisits_where_round_robin_routes_them(self):
         seed = self.results["seed"]["runs"]
