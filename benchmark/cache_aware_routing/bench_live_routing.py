@@ -520,7 +520,7 @@ def resummarize(path: Path) -> None:
     )
 
 
-def _fmt(x, spec, none="-"):
+def fmt_or_dash(x, spec, none="-"):
     """``none`` for a missing value: ``-`` (no round_robin row) or ``inf``."""
     return format(x, spec) if x is not None else format(none, spec.split(".")[0] + "s")
 
@@ -551,11 +551,11 @@ def _print(runs, servers, series, label):
             print(
                 f"{mode:<11}{r['overlap']:<4}{r['policy']:<16}{s['requests']:>5}"
                 f"{s['hit_rate']:>9.3f}{hit_spread:>13}"
-                f"{_fmt(s['hit_vs_sticky'], '>8.2f')}{s['oracle_hit_rate']:>7.3f}"
+                f"{fmt_or_dash(s['hit_vs_sticky'], '>8.2f')}{s['oracle_hit_rate']:>7.3f}"
                 f"{s['host_share']:>8.3f}{split:>11}{sticky:>7}"
                 f"{s['ttft_p50_s']:>9.3f}{s['ttft_p90_s']:>9.3f}{p90_spread:>13}"
                 f"{s['ttft_p90_pooled_s']:>7.3f}"
-                f"{_fmt(s['ttft_p90_vs_best'], '>7.2f')}{target:>7}"
+                f"{fmt_or_dash(s['ttft_p90_vs_best'], '>7.2f')}{target:>7}"
             )
     print("\nservers (start s, error-like log lines):")
     for s in servers:

@@ -78,8 +78,8 @@ import requests
 
 from benchmark.bench_meta import run_dir, run_metadata, series_label
 from benchmark.cache_aware_routing.bench_live_routing import (
-    _fmt,
     aggregate,
+    fmt_or_dash,
     log_errors,
     summarize,
 )
@@ -484,10 +484,10 @@ def _print(summary, servers):
             spread = f"{s['hit_rate_min']:.2f}-{s['hit_rate_max']:.2f}"
             print(
                 f"{workload:<16}{policy:<18}{s['hit_rate']:>9.3f}{spread:>12}"
-                f"{_fmt(s['hit_rate_vs_rr'], '>6.2f')}{s['prefill_tokens']:>9d}"
-                f"{_fmt(s['prefill_tokens_vs_rr'], '>6.2f')}{s['host_share']:>8.3f}"
+                f"{fmt_or_dash(s['hit_rate_vs_rr'], '>6.2f')}{s['prefill_tokens']:>9d}"
+                f"{fmt_or_dash(s['prefill_tokens_vs_rr'], '>6.2f')}{s['host_share']:>8.3f}"
                 f"{split:>9}{s['ttft_p50_s']:>7.3f}{s['ttft_p90_s']:>7.3f}"
-                f"{_fmt(s['ttft_p90_s_vs_rr'], '>6.2f')}{s['reps']:>5}"
+                f"{fmt_or_dash(s['ttft_p90_s_vs_rr'], '>6.2f')}{s['reps']:>5}"
             )
     print("\nservers (start s, error-like log lines, routing outcomes):")
     for s in servers:
