@@ -90,6 +90,7 @@ from harness.live_workloads import (
     run_n,
     shared_system_conversations,
 )
+from harness.metrics import routing_outcomes
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -230,19 +231,6 @@ class Gateway:
         return pids
 
 
-class Via:
-    """What the workloads send to: the gateway's URL, else the server's."""
-
-    def __init__(self, server, gateway):
-        self.base_url = (gateway or server).base_url
-        self.server = server
-
-    def generate(self, payload, timeout=120.0):
-        r = requests.post(f"{self.base_url}/generate", json=payload, timeout=timeout)
-        r.raise_for_status()
-        return r.json()
-
-
 def run_workload(target, workload: str, seed: int):
     common = dict(stream=True, max_new_tokens=MAX_NEW_TOKENS, think_s=THINK_S)
     if workload in ("chat", "short_chat", "host_tier", "evict"):
@@ -304,7 +292,8 @@ def serve_group(policy, group, workloads, reps, seed, smg_bin):
             ]
         info["start_s"] = time.perf_counter() - t0
         print(f"[{name}] up in {info['start_s']:.0f} s", flush=True)
-        target = Via(server, gateway)
+        # the workloads send to target.base_url: the gateway's, else the server's
+        target = gateway or server
         for workload in workloads:
             reps_out = []
             for r in range(reps):
@@ -337,18 +326,6 @@ def serve_group(policy, group, workloads, reps, seed, smg_bin):
         info["log_errors"] = log_errors(server)
     assert_all_gone(pids)
     return runs, info
-
-
-def routing_outcomes(server) -> dict:
-    """``sglang:dp_routing_requests_total`` by outcome (cache_aware servers)."""
-    text = requests.get(f"{server.base_url}/metrics", timeout=30).text
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("sglang:dp_routing_requests_total{"):
-            labels, value = line.rsplit(" ", 1)
-            outcome = labels.split('outcome="', 1)[1].split('"', 1)[0]
-            out[outcome] = out.get(outcome, 0) + float(value)
-    return out
 
 
 def prefill_tokens(run) -> int:

@@ -18,7 +18,6 @@ MLP is tensor-parallel over both ranks, so none can finish), the whole tree
 exits and the port is free.
 """
 
-import re
 import unittest
 
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -31,6 +30,7 @@ from harness.live_workloads import (
     hit_rate,
     run_conversations,
 )
+from harness.metrics import scrape
 
 register_cpu_ci(est_time=300, suite="base-b-test-cpu")
 FEATURE_GROUP = "cache-aware-routing"  # the series group it tests (or "series")
@@ -46,15 +46,6 @@ ARGS = DP_ATTENTION + [
 ]
 FAULT_BOUND_S = 60.0  # kill to every client answered and the tree gone
 FAULT_TOKENS = 256  # 8 streams, 4 per rank, well inside a 4096-token pool
-
-
-def scrape(text: str, name: str) -> dict:
-    """``{labels: value}`` of one Prometheus series in a /metrics page."""
-    out = {}
-    for m in re.finditer(rf"^{re.escape(name)}\{{([^}}]*)\}} (\S+)$", text, re.M):
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
-        out[tuple(sorted(labels.items()))] = float(m.group(2))
-    return out
 
 
 class TestCacheAwareRoutingDpAttentionServer(unittest.TestCase):

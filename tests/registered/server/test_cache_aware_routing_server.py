@@ -31,7 +31,6 @@ geometry of the cache-aware server's claims).
 
 import glob
 import os
-import re
 import signal
 import stat
 import tempfile
@@ -59,6 +58,7 @@ from harness.live_workloads import (
     hit_rate,
     run_conversations,
 )
+from harness.metrics import routing_outcomes, scrape
 
 register_cpu_ci(est_time=330, suite="base-b-test-cpu")
 FEATURE_GROUP = "cache-aware-routing"  # the series group it tests (or "series")
@@ -68,24 +68,6 @@ DP = ["--dp-size", "2"]
 HICACHE = HICACHE_ARGS + ["--hicache-ratio", "4"]
 # Conversations whose prompts stay under 256 tokens (60, 98, 136, 174).
 SHORT = dict(n=6, turns=4, seed=17, first=60, new_tokens=30, clients=4)
-
-
-def scrape(text: str, name: str) -> dict:
-    """``{labels: value}`` of one Prometheus series in a /metrics page."""
-    out = {}
-    for m in re.finditer(rf"^{re.escape(name)}\{{([^}}]*)\}} (\S+)$", text, re.M):
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
-        out[tuple(sorted(labels.items()))] = float(m.group(2))
-    return out
-
-
-def outcomes(server) -> dict:
-    return {
-        dict(k)["outcome"]: v
-        for k, v in scrape(
-            server.get("/metrics").text, "sglang:dp_routing_requests_total"
-        ).items()
-    }
 
 
 def digest_age(server, rank: int) -> float:
@@ -137,11 +119,11 @@ def namespace_probe(server) -> dict:
     out = {}
     probes = 0
     for step, key in enumerate(("tenant-a", "tenant-b", "tenant-a")):
-        before = outcomes(server)
+        before = routing_outcomes(server)
         r = server.generate(
             {"input_ids": prompt, "extra_key": key, "sampling_params": greedy(4)}
         )
-        after = outcomes(server)
+        after = routing_outcomes(server)
         how = [k for k in after if after[k] != before.get(k, 0)]
         meta = r["meta_info"]
         out[f"{step}:{key}"] = (how, meta["dp_rank"], meta["cached_tokens"])
@@ -232,7 +214,7 @@ def stall_probe(server) -> dict:
         deadline = time.monotonic() + 120
         while min(served) == 0 and not errors and time.monotonic() < deadline:
             time.sleep(0.1)
-        before = outcomes(server)
+        before = routing_outcomes(server)
         os.kill(pid, signal.SIGSTOP)
         try:
             # --dp-routing-digest-max-age (5 s) after its last report.
@@ -240,7 +222,7 @@ def stall_probe(server) -> dict:
             # its next load refresh, which the busy requests' dispatches drive)
             out["detected_after_s"] = wait_for_log(server, STALL_WARNING, 180.0)
             out["during"] = [probe(700 + i, timeout=120.0) for i in range(6)]
-            mid = outcomes(server)
+            mid = routing_outcomes(server)
             out["stall_outcomes"] = mid.get("stall", 0) - before.get("stall", 0)
         finally:
             os.kill(pid, signal.SIGCONT)
@@ -373,7 +355,7 @@ def malformed_probe(server) -> dict:
         "entries": sorted(os.listdir(directory)),
     }
     logged_before = len(server.log_text())
-    before = outcomes(server)
+    before = routing_outcomes(server)
     ctx = zmq.Context()
     try:
         for name, cases in cases_by_socket.items():
@@ -389,7 +371,7 @@ def malformed_probe(server) -> dict:
     finally:
         ctx.term()  # returns once every message is delivered (LINGER)
     out["records"] = run_conversations(server, n=2, turns=3, seed=21, clients=2)
-    after = outcomes(server)
+    after = routing_outcomes(server)
     out["outcomes"] = {k: v - before.get(k, 0) for k, v in after.items()}
     expected = {(m, r) for cases in cases_by_socket.values() for m, r, _ in cases}
     for message, reason in sorted(expected):

@@ -84,6 +84,7 @@ from harness.kv_events import (
     publisher_port,
 )
 from harness.live_server import LiveServer, assert_all_gone, free_port, greedy
+from harness.metrics import routing_outcomes
 
 register_cpu_ci(est_time=300, suite="base-b-test-cpu")
 FEATURE_GROUP = "decode-hicache"  # the series group it tests (or "series")
@@ -151,18 +152,6 @@ WORDS = "cache prefix token rank host device page layer tree radix decode".split
 
 BURST_LEAD_S = 2.0  # decode bodies first: both routed before any transfer
 BURST_KEY = "decode-landing-burst"  # a namespace no other request shares
-
-
-def outcomes(server) -> dict:
-    """``sglang:dp_routing_requests_total`` by outcome."""
-    text = server.get("/metrics").text
-    out = {}
-    for labels, value in re.findall(
-        r"^sglang:dp_routing_requests_total\{([^}]*)\} (\S+)$", text, re.M
-    ):
-        how = re.search(r'outcome="([^"]*)"', labels).group(1)
-        out[how] = out.get(how, 0.0) + float(value)
-    return out
 
 
 def delta(after: dict, before: dict) -> dict:
@@ -343,17 +332,17 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
                 sub.settle()
             cls.results["events"] = [list(sub.records) for sub in subs]
             cls.results["page"] = seed.get("/server_info").json()["page_size"]
-            before = outcomes(seed)
+            before = routing_outcomes(seed)
             control = run_workload(prefill, seed, bootstrap_port, round_robin=True)
             cls.results["round_robin"] = dict(
-                runs=control, outcomes=delta(outcomes(seed), before)
+                runs=control, outcomes=delta(routing_outcomes(seed), before)
             )
-            before = outcomes(seed)
+            before = routing_outcomes(seed)
             burst = " ".join(rng.choice(WORDS) for _ in range(PROMPT_WORDS))
             cls.results["burst"] = dict(
                 meta=pd_burst(prefill, seed, bootstrap_port, burst, 2, BURST_LEAD_S)
             )
-            cls.results["burst"]["outcomes"] = delta(outcomes(seed), before)
+            cls.results["burst"]["outcomes"] = delta(routing_outcomes(seed), before)
             for name, decode in decodes.items():
                 cls.results[name] = dict(
                     info=decode.get("/server_info").json(),

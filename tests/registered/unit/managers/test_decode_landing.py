@@ -180,12 +180,6 @@ class TestDecodePrebuiltLanding(unittest.TestCase):
             self.received(), [(3, ["a", "r"], [202, 50], [200, 48])], "formed"
         )
 
-    def test_no_prebuilt_batch_reports_nothing(self):
-        self.prompts = {}
-        self.assertIsNone(self.form(None))
-        self.assertIsNone(self.form(PrebuiltBatch(self.tree, [])))
-        self.assertEqual(self.received(), [])
-
 
 class TestCreditsOnLanding(unittest.TestCase):
     def test_credits_on_landing(self):
