@@ -428,6 +428,26 @@ CONTROLS = (
         "whose prompts stay under 256 tokens are routed by load",
     ),
     Control(
+        name="client-routed-request-not-recorded-live",
+        level="full",
+        module="srt/managers/data_parallel_controller.py",
+        old="            self.cache_aware_router.record_external(\n",
+        new="            (lambda *_: None)(  # negative control: not recorded\n",
+        tests=(
+            R + "server/test_cache_aware_routing_server.py"
+            "::TestCacheAwareRoutingServer"
+            "::test_router_metrics_on_the_metrics_endpoint",
+            R + "server/test_pd_decode_hicache_server.py::TestPdDecodeHiCacheServer"
+            "::test_the_control_counts_as_routed_by_the_client",
+        ),
+        expected=(
+            "test_router_metrics_on_the_metrics_endpoint",
+            "test_the_control_counts_as_routed_by_the_client",
+        ),
+        what="requests that name their DP rank are served there but not "
+        "counted (live: the client round robin controls, the digest probes)",
+    ),
+    Control(
         name="decode-credit-at-dispatch-live",
         level="full",
         module="srt/managers/dp_routing/router.py",
@@ -452,8 +472,13 @@ CONTROLS = (
         tests=(
             R + "server/test_kv_events_tiers_server.py::TestKvEventsPlainHiCache"
             "::test_each_block_of_a_moves_once_per_transition",
+            R + "server/test_pd_decode_hicache_server.py::TestPdDecodeHiCacheServer"
+            "::test_kv_events_report_the_decode_host_tier_per_rank",
         ),
-        expected=("test_each_block_of_a_moves_once_per_transition",),
+        expected=(
+            "test_each_block_of_a_moves_once_per_transition",
+            "test_kv_events_report_the_decode_host_tier_per_rank",
+        ),
         what="the KV event publisher of a HiCache server (Rust tree core) "
         "publishes no host-tier move",
     ),
