@@ -1,0 +1,76 @@
+"""Compare the greedy outputs of two servers up to a numerical tie.
+
+The tiny test models run in bfloat16. Two servers that compute the same prefix
+on different layouts (a rank-sharded host tier against a replicated one, DP
+attention against plain TP) may hold KV that differs in its last bits; that is
+enough to flip a greedy token where the two best logits are a few bfloat16
+steps apart, and from there on the continuations differ legitimately.
+
+``TOP2`` asks ``/generate`` for each output token's two best logprobs;
+``top2_of(meta_info)`` reads them. ``first_divergence(a, b)`` compares two
+records (``output_ids`` and ``top2``) and returns ``None`` when the outputs are
+equal, ``("tie", i)`` when they first differ at position ``i`` and each
+server's runner-up there is the other's token within ``TIE_LOGPROB``, and
+``("differ", i)`` otherwise: wrong KV moves the distribution, so a difference
+that is not a tie on both servers is a failure.
+"""
+
+from __future__ import annotations
+
+TOP2 = {"return_logprob": True, "top_logprobs_num": 2}
+
+# A logit of magnitude 2-8 has a bfloat16 step of 1/64-1/16; a few steps.
+TIE_LOGPROB = 0.1
+
+
+def top2_of(meta: dict) -> list:
+    """Per output token, its two best ``(logprob, token_id)`` pairs."""
+    return [
+        [(float(lp), int(tok)) for lp, tok, *_ in row[:2]]
+        for row in meta["output_top_logprobs"]
+    ]
+
+
+def _runner_up_within(top2: list, token: int, tie: float) -> bool:
+    (best, _), *rest = top2
+    return any(tok == token and best - lp <= tie for lp, tok in rest)
+
+
+def first_divergence(a: dict, b: dict, tie: float = TIE_LOGPROB):
+    for i, (x, y) in enumerate(zip(a["output_ids"], b["output_ids"])):
+        if x == y:
+            continue
+        if _runner_up_within(a["top2"][i], y, tie) and _runner_up_within(
+            b["top2"][i], x, tie
+        ):
+            return ("tie", i)
+        return ("differ", i)
+    if len(a["output_ids"]) != len(b["output_ids"]):
+        return ("differ", min(len(a["output_ids"]), len(b["output_ids"])))
+    return None
+
+
+def without_top2(record: dict) -> dict:
+    """The record with its outputs left to ``first_divergence``."""
+    return {k: v for k, v in record.items() if k not in ("output_ids", "top2")}
+
+
+def assert_same_greedy(test, ours: list, theirs: list, what: str = "") -> list:
+    """Fail ``test`` unless each pair of records agrees up to a tie; return
+    the ties found as ``(request index, position)`` (to print)."""
+    test.assertEqual(len(ours), len(theirs), what)
+    ties = []
+    for n, (a, b) in enumerate(zip(ours, theirs)):
+        d = first_divergence(a, b)
+        if d is None:
+            continue
+        test.assertEqual(
+            d[0],
+            "tie",
+            f"{what} request {n}: outputs differ at token {d[1]} without a tie: "
+            f"{a['output_ids']} ({a['top2'][d[1]] if d[1] < len(a['top2']) else '-'})"
+            f" vs {b['output_ids']} "
+            f"({b['top2'][d[1]] if d[1] < len(b['top2']) else '-'})",
+        )
+        ties.append((n, d[1]))
+    return ties
