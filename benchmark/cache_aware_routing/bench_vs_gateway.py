@@ -16,7 +16,14 @@ with its process group.  Policies, each on its own server starts:
   which the server honours before its own method;
 * ``smg_two_level``: ``smg launch --policy cache_aware`` (no
   ``--dp-aware``) over a ``cache_aware`` server (chunk 64): SMG picks the
-  instance (here the only one), the engine picks the DP rank.
+  instance (here the only one), the engine picks the DP rank;
+* ``smg_dp_aware_x2`` / ``smg_dp_aware_x2_mesh`` / ``smg_two_level_x2``: the
+  same with two SMG replicas, as an HA deployment runs them, and the client
+  sending its requests to them in turn, request by request (an L4 balancer
+  without session affinity).  ``_mesh``: the replicas form SMG's HA mesh
+  (``--enable-mesh`` on 127.0.0.1, the second joining the first), which
+  gossips the cache-aware trees; without it each replica's tree sees only
+  the requests it routed.
 
 SMG runs with its defaults (``--cache-threshold 0.3``, balance thresholds 64 /
 1.5, its warm-up divert): what a user gets.  SMG's KV-event mode needs gRPC
@@ -65,12 +72,14 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import itertools
 import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -151,6 +160,16 @@ GRPO_N = dict(groups=4, n=8, prompt_tokens=400)
 THINK_S = 0.5
 MAX_NEW_TOKENS = 8
 SEED_OFFSET = {w: 1000 * i for i, w in enumerate(WORKLOADS)}
+# policy -> (SMG replicas, HA mesh); a policy not named here has one SMG
+REPLICAS = {
+    "smg_dp_aware_x2": (2, False),
+    "smg_dp_aware_x2_mesh": (2, True),
+    "smg_two_level_x2": (2, False),
+}
+POLICIES["smg_dp_aware_x2"] = POLICIES["smg_dp_aware"]
+POLICIES["smg_dp_aware_x2_mesh"] = POLICIES["smg_dp_aware"]
+POLICIES["smg_two_level_x2"] = POLICIES["smg_two_level"]
+MESH_TIMEOUT_S = 60.0
 
 
 class Gateway:
@@ -158,7 +177,14 @@ class Gateway:
     process group; ``base_url`` is what clients send to.  Ready when
     ``/readiness`` reports every expected worker healthy."""
 
-    def __init__(self, smg_bin: Path, worker_url: str, args: list[str], workers: int):
+    def __init__(
+        self,
+        smg_bin: Path,
+        worker_url: str,
+        args: list[str],
+        workers: int,
+        mesh: list[str] = (),
+    ):
         if not smg_bin.is_file():
             raise SystemExit(
                 f"no SMG at {smg_bin}: run `make gateway-venv` (installs "
@@ -172,8 +198,11 @@ class Gateway:
         self._log = open(self.log_path, "w")
         command = [str(smg_bin), "launch", "--host", "127.0.0.1"]
         command += ["--port", str(self.port), "--worker-urls", worker_url]
+        metrics_port = free_port()
+        self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         command += ["--prometheus-host", "127.0.0.1"]
-        command += ["--prometheus-port", str(free_port()), *args]
+        command += ["--prometheus-port", str(metrics_port)]
+        command += [*args, *mesh]
         self.command = command
         env = {**os.environ, "NO_COLOR": "1"}
         self.proc = subprocess.Popen(
@@ -211,6 +240,20 @@ class Gateway:
         r = requests.get(f"{self.base_url}/workers", timeout=10)
         return sorted(w["url"] for w in r.json()["workers"])
 
+    def mesh_peers(self) -> set[str]:
+        """The mesh peers this replica has exchanged state with: those named
+        by a nonzero ``router_mesh_*`` sample of its metrics (the dialling
+        side reports ``router_mesh_peer_connections``, the dialled side
+        ``router_mesh_sync_round_duration_seconds_count``)."""
+        text = requests.get(self.metrics_url, timeout=5).text
+        peers = set()
+        for line in text.splitlines():
+            if not line.startswith("router_mesh_") or 'peer="' not in line:
+                continue
+            if float(line.rsplit(" ", 1)[1]) > 0:
+                peers.add(line.split('peer="', 1)[1].split('"', 1)[0])
+        return peers - {""}
+
     def log_tail(self, chars: int = 4000) -> str:
         self._log.flush()
         return self.log_path.read_text(errors="replace")[-chars:]
@@ -229,6 +272,61 @@ class Gateway:
                 self.proc.wait(timeout=15)
         self._log.close()
         return pids
+
+
+class Replicas:
+    """The client's side of several gateway replicas: every read of
+    ``base_url`` (one per request in ``harness.live_workloads``) is the next
+    replica's, in turn."""
+
+    def __init__(self, gateways):
+        self.urls = [g.base_url for g in gateways]
+        self._next = itertools.cycle(self.urls)
+        self._lock = threading.Lock()
+
+    @property
+    def base_url(self) -> str:
+        with self._lock:
+            return next(self._next)
+
+
+def start_gateways(smg_bin, worker_url, args, workers, replicas, mesh):
+    """``replicas`` SMG processes in front of ``worker_url``; with ``mesh``
+    they form SMG's HA mesh on 127.0.0.1 (each after the first joins the
+    first) and are returned once every replica is connected to every other."""
+    gateways = []
+    try:
+        mesh_addrs = [f"127.0.0.1:{free_port()}" for _ in range(replicas)]
+        for i in range(replicas):
+            extra = []
+            if mesh:
+                extra = ["--enable-mesh", "--mesh-host", "127.0.0.1"]
+                extra += ["--mesh-port", mesh_addrs[i].split(":")[1]]
+                extra += ["--mesh-server-name", f"smg{i}"]
+                if i:
+                    extra += ["--mesh-peer-urls", mesh_addrs[0]]
+            gateways.append(Gateway(smg_bin, worker_url, args, workers, extra))
+        if mesh:
+            names = {f"smg{i}" for i in range(replicas)}
+            deadline = time.monotonic() + MESH_TIMEOUT_S
+            while True:
+                missing = {
+                    f"smg{i}": (names - {f"smg{i}"}) - g.mesh_peers()
+                    for i, g in enumerate(gateways)
+                }
+                if not any(missing.values()):
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"SMG mesh not joined within {MESH_TIMEOUT_S:.0f} s: "
+                        f"missing peers {missing}"
+                    )
+                time.sleep(0.5)
+    except BaseException:
+        for gw in gateways:
+            gw.stop()
+        raise
+    return gateways
 
 
 def run_workload(target, workload: str, seed: int):
@@ -274,7 +372,7 @@ def serve_group(policy, group, workloads, reps, seed, smg_bin):
     print(f"[{name}] starting: {' '.join(args)}", flush=True)
     t0 = time.perf_counter()
     server = LiveServer("patched", args, name=name)
-    gateway = None
+    gateways = []
     info = {
         "policy": policy,
         "group": group,
@@ -285,15 +383,20 @@ def serve_group(policy, group, workloads, reps, seed, smg_bin):
     try:
         if smg_args is not None:
             workers = DP if "--dp-aware" in smg_args else 1
-            gateway = Gateway(smg_bin, server.base_url, smg_args, workers)
-            info["smg_command"] = gateway.command[1:]  # without the binary's path
+            replicas, mesh = REPLICAS.get(policy, (1, False))
+            gateways = start_gateways(
+                smg_bin, server.base_url, smg_args, workers, replicas, mesh
+            )
+            # without the binary's path
+            info["smg_commands"] = [g.command[1:] for g in gateways]
             info["smg_workers"] = [
-                w.replace(server.base_url, "SERVER") for w in gateway.workers()
+                w.replace(server.base_url, "SERVER") for w in gateways[0].workers()
             ]
         info["start_s"] = time.perf_counter() - t0
         print(f"[{name}] up in {info['start_s']:.0f} s", flush=True)
-        # the workloads send to target.base_url: the gateway's, else the server's
-        target = gateway or server
+        # the workloads send to target.base_url: the gateways' in turn, else
+        # the server's
+        target = Replicas(gateways) if gateways else server
         for workload in workloads:
             reps_out = []
             for r in range(reps):
@@ -303,7 +406,7 @@ def serve_group(policy, group, workloads, reps, seed, smg_bin):
                         target, workload, seed + SEED_OFFSET[workload] + 100 * r
                     )
                 except Exception as exc:
-                    tail = gateway.log_tail() if gateway else ""
+                    tail = "\n".join(g.log_tail() for g in gateways)
                     raise RuntimeError(
                         f"{name}/{workload}: {exc}\n{server.log_tail()}\n{tail}"
                     ) from exc
@@ -320,7 +423,7 @@ def serve_group(policy, group, workloads, reps, seed, smg_bin):
         info["routing_outcomes"] = routing_outcomes(server)
     finally:
         pids = []
-        if gateway is not None:
+        for gateway in gateways:
             pids += gateway.stop()
         pids += server.stop()
         info["log_errors"] = log_errors(server)
@@ -417,6 +520,7 @@ def main():
             "reps": reps,
             "seed": args.seed,
             "policies": {p: POLICIES[p] for p in args.policies},
+            "smg_replicas": {p: REPLICAS.get(p, (1, False)) for p in args.policies},
             "groups": {g: GROUPS[g] for g in GROUPS},
             "chat": CHAT,
             "short_chat": SHORT_CHAT,
@@ -450,7 +554,7 @@ def _print(summary, servers):
         "[min-max]; prefill tokens summed; TTFT pooled over the reps"
     )
     head = (
-        f"{'workload':<16}{'policy':<18}{'hit rate':>9}{'[min-max]':>12}"
+        f"{'workload':<16}{'policy':<22}{'hit rate':>9}{'[min-max]':>12}"
         f"{'/rr':>6}{'prefill':>9}{'/rr':>6}{'host sh':>8}{'split':>9}"
         f"{'p50 s':>7}{'p90 s':>7}{'/rr':>6}{'reps':>5}"
     )
@@ -460,7 +564,7 @@ def _print(summary, servers):
             split = "/".join(str(n) for n in s["requests_per_rank"])
             spread = f"{s['hit_rate_min']:.2f}-{s['hit_rate_max']:.2f}"
             print(
-                f"{workload:<16}{policy:<18}{s['hit_rate']:>9.3f}{spread:>12}"
+                f"{workload:<16}{policy:<22}{s['hit_rate']:>9.3f}{spread:>12}"
                 f"{fmt_or_dash(s['hit_rate_vs_rr'], '>6.2f')}{s['prefill_tokens']:>9d}"
                 f"{fmt_or_dash(s['prefill_tokens_vs_rr'], '>6.2f')}{s['host_share']:>8.3f}"
                 f"{split:>9}{s['ttft_p50_s']:>7.3f}{s['ttft_p90_s']:>7.3f}"
@@ -469,13 +573,13 @@ def _print(summary, servers):
     print("\nservers (start s, error-like log lines, routing outcomes):")
     for s in servers:
         if "error" in s:
-            print(f"  {s['policy']:<18}{s['group']:<10} FAILED (see JSON)")
+            print(f"  {s['policy']:<22}{s['group']:<10} FAILED (see JSON)")
             continue
         outcomes = ", ".join(
             f"{k} {int(v)}" for k, v in sorted(s["routing_outcomes"].items()) if v
         )
         print(
-            f"  {s['policy']:<18}{s['group']:<10}{s['start_s']:>5.0f} s"
+            f"  {s['policy']:<22}{s['group']:<10}{s['start_s']:>5.0f} s"
             f"{s['log_errors']['count']:>5}  {outcomes or '-'}"
         )
 
