@@ -90,6 +90,7 @@ def routing() -> str:
                             _f(r["imbalance"], 2),
                             _f(r["ttft_mean_s_vs_rr"], 2),
                             _f(r.get("controller_back_to_back_us_per_req"), 0),
+                            _f(r.get("controller_back_to_back_route_us_per_req"), 0),
                         ]
                     )
         parts.append(
@@ -105,6 +106,7 @@ def routing() -> str:
                     "imbalance",
                     "mean TTFT vs rr",
                     "controller µs/req (back to back)",
+                    "of which per request (digests aside)",
                 ],
                 rows,
             )

@@ -52,9 +52,14 @@ prefix hit rate, prefill tokens computed, load imbalance (max/mean busy time),
 mean and p90 modeled TTFT, controller time per request (``ctl us``: in the
 run, paced by the arrivals; ``b2b``: the run's stream of digests and requests
 routed again back to back in a fresh router in the controller process, the
-median of 5 replays that must repeat every decision: the cost per request
-when requests queue at the controller, which bounds its throughput); ratios
-are against ``round_robin`` of the same run. Per workload also the *read floor*: the mean
+median of 5 replays that must repeat every decision, the digests taken in at
+the run's ratio of digests to requests; ``route``: the same replay without
+taking in the digests, landings and decisions only, what every request
+costs; ``/dig``: the digests' part per digest. The digests arrive at their own
+rate, at most one per rank per publish interval, whatever the request rate:
+with requests queued at the controller one costs ``route`` plus ``/dig`` times
+digests per request, which bounds its throughput); ratios are against
+``round_robin`` of the same run. Per workload also the *read floor*: the mean
 time to read a request's tokens once into a u32 array (a fresh copy of the
 prompt, as the controller unpickles it), the least any policy that hashes the
 prompt in Python pays.
@@ -366,15 +371,16 @@ class Ours(Policy):
         return rank
 
     def replay_s(self, repeats=REPLAYS):
-        """Seconds to route the same stream again back to back in a fresh
-        router (in the controller process), the median of ``repeats``
-        replays; the decisions must repeat."""
+        """``(seconds, digest seconds)`` to route the same stream again back
+        to back in a fresh router (in the controller process), the replay of
+        median seconds among ``repeats``; the decisions must repeat. The
+        digest seconds are the part spent taking in the ranks' digests."""
         times = []
         for _ in range(repeats):
-            spent, ranks = self.router.replay()
+            spent, digest_s, ranks = self.router.replay()
             if ranks != self.router.ranks:
                 raise RuntimeError(f"{self.name}: the replay routed differently")
-            times.append(spent)
+            times.append((spent, digest_s))
         return sorted(times)[len(times) // 2]
 
     def close(self):
@@ -407,13 +413,14 @@ class _InlineController:
         body = (now, payloads, landed, prompt, rid)
         body += (budget.total_requests, budget.total_tokens)
         self.log.append(body[:5] + (list(body[5]), list(body[6])))
-        rank, spent = self._route(body)
+        rank, spent, _ = self._route(body)
         self.ranks.append(rank)
         return rank, spent
 
     def _route(self, body):
         """Route one logged call (the controller process and replays call
-        this directly: they keep no log)."""
+        this directly: they keep no log): ``(rank, seconds, seconds of
+        them taking in the digests)``."""
         from sglang.srt.managers.dp_routing.digest import CacheDigest
         from sglang.srt.managers.dp_routing.landing import PrefillLanded
         from sglang.srt.managers.dp_routing.request import RoutedRequest
@@ -424,15 +431,16 @@ class _InlineController:
         t0 = time.perf_counter()
         for payload in payloads:
             self.router.update_digest(CacheDigest.decode(payload))
+        t_digests = time.perf_counter()
         for payload in landed:
             self.router.on_landed(PrefillLanded.decode(payload))
         request = RoutedRequest(prompt, rid=rid)  # a list, as in the server
         rank = self.router.select(request, self.budget, range(self.dp)).rank
-        return rank, time.perf_counter() - t0
+        return rank, time.perf_counter() - t0, t_digests - t0
 
     def replay(self):
-        """``(seconds, ranks)`` of routing the logged stream again, back to
-        back, in a fresh router (prompts as fresh copies)."""
+        """``(seconds, digest seconds, ranks)`` of routing the logged stream
+        again, back to back, in a fresh router (prompts as fresh copies)."""
         import pickle
 
         return _replay(self.args, pickle.loads(pickle.dumps(self.log)))
@@ -443,12 +451,13 @@ class _InlineController:
 
 def _replay(args, bodies):
     fresh = _InlineController(*args)
-    total, ranks = 0.0, []
+    total, digests, ranks = 0.0, 0.0, []
     for body in bodies:
-        rank, spent = fresh._route(body)
+        rank, spent, digest_s = fresh._route(body)
         total += spent
+        digests += digest_s
         ranks.append(rank)
-    return total, ranks
+    return total, digests, ranks
 
 
 def _controller_main(conn, args, cpu):
@@ -466,7 +475,7 @@ def _controller_main(conn, args, cpu):
         if not msg:
             break
         kind, body = pickle.loads(msg)
-        conn.send(inline._route(body) if kind == "route" else _replay(args, body))
+        conn.send(inline._route(body)[:2] if kind == "route" else _replay(args, body))
 
 
 class _ControllerProcess:
@@ -673,6 +682,8 @@ class Result:
     busy: list = field(default_factory=list)
     controller_s: float = 0.0
     replay_s: float = float("nan")
+    # The part of replay_s spent taking in the digests.
+    replay_digest_s: float = float("nan")
     evicted: int = 0
     digest_bytes: int = 0
     publishes: int = 0
@@ -692,6 +703,19 @@ class Result:
             "ttft_p90_s": t[int(0.9 * (len(t) - 1))],
             "controller_us_per_req": 1e6 * self.controller_s / self.requests,
             "controller_back_to_back_us_per_req": 1e6 * self.replay_s / self.requests,
+            # The same without taking in the digests (landings and the
+            # decision: what every request costs), and the digests' part per
+            # digest: at saturation a request costs the first, the digests
+            # arrive at their own rate (at most one per rank per publish
+            # interval).
+            "controller_back_to_back_route_us_per_req": (
+                1e6 * (self.replay_s - self.replay_digest_s) / self.requests
+            ),
+            "controller_back_to_back_us_per_digest": (
+                1e6 * self.replay_digest_s / self.publishes
+                if self.publishes
+                else float("nan")
+            ),
             "gpu_evicted_tokens": self.evicted,
             # cache_aware only: the ranks' digests, per publish and per
             # simulated second over all ranks
@@ -742,7 +766,7 @@ def simulate(policy_cls, trace, dp, kv_tokens, host_ratio, decisions=None):
     res.publishes = getattr(policy, "publishes", 0)
     res.sim_s = trace[-1].arrival - trace[0].arrival if len(trace) > 1 else 0.0
     if hasattr(policy, "replay_s"):
-        res.replay_s = policy.replay_s()
+        res.replay_s, res.replay_digest_s = policy.replay_s()
         policy.close()
     for r in ranks:
         r.tree.cache.release_host_resources()
@@ -899,7 +923,7 @@ def _print(dp, workload, rows, floor_us):
     head = (
         f"{'policy':<15}{'gpu hit':>8}{'host hit':>9}{'prefill tok':>12}{'vs rr':>7}"
         f"{'imbal':>7}{'ttft mean':>10}{'vs rr':>7}{'ttft p90':>9}{'vs rr':>7}{'ctl us':>8}"
-        f"{'b2b':>6}{'evicted':>9}{'dig B':>8}{'KiB/s':>7}"
+        f"{'b2b':>6}{'route':>6}{'/dig':>6}{'evicted':>9}{'dig B':>8}{'KiB/s':>7}"
     )
     print(head)
     for r in rows:
@@ -910,6 +934,8 @@ def _print(dp, workload, rows, floor_us):
             f"{r['ttft_p90_s']:>9.3f}{r['ttft_p90_s_vs_rr']:>7.2f}"
             f"{r['controller_us_per_req']:>8.0f}"
             f"{r['controller_back_to_back_us_per_req']:>6.0f}"
+            f"{r['controller_back_to_back_route_us_per_req']:>6.0f}"
+            f"{r['controller_back_to_back_us_per_digest']:>6.0f}"
             f"{r['gpu_evicted_tokens']:>9d}"
             + (
                 f"{r['digest_bytes_per_publish']:>8.0f}{r['digest_kib_per_s']:>7.0f}"
