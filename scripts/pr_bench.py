@@ -106,7 +106,7 @@ def routing() -> str:
                     "imbalance",
                     "mean TTFT vs rr",
                     "controller µs/req (back to back)",
-                    "of which per request (digests aside)",
+                    "the same without taking in digests",
                 ],
                 rows,
             )
