@@ -220,8 +220,22 @@ OVERSIZED_WORDS = DECODE_POOL - 12
 OVERSIZED_TIMEOUT_S = 60.0  # both answers are immediate; 0.5.23 never answers
 
 
+def prefill_bootstrapping(prefill) -> int:
+    """Requests in the prefill server's bootstrap queue: each holds its
+    bootstrap room (its KV sender exists)."""
+    loads = prefill.get("/v1/loads?include=disagg").json()["loads"]
+    return sum(x["disaggregation"]["prefill_bootstrap_queue_reqs"] for x in loads)
+
+
 def pd_generate_both(prefill, decode, bootstrap_port, text) -> dict:
-    """Both servers' answers (status, body head, seconds), None on timeout."""
+    """Both servers' answers (status, body head, seconds), None on timeout.
+
+    The decode body goes out once the prefill server holds the request's
+    bootstrap room: a decode abort that reaches prefill before the room
+    exists is dropped there (0.5.23's mooncake prefill ignores an ABORT for
+    a room it does not know), and prefill then keeps the request until its
+    bootstrap timeout. A router that posts both at once meets that race;
+    this test checks the abort path, not the race."""
     body = {
         "text": text,
         "sampling_params": greedy(NEW_TOKENS),
@@ -239,7 +253,13 @@ def pd_generate_both(prefill, decode, bootstrap_port, text) -> dict:
         return (r.status_code, r.text[:600], time.monotonic() - start)
 
     with ThreadPoolExecutor(2) as pool:
-        p, d = pool.submit(post, prefill), pool.submit(post, decode)
+        p = pool.submit(post, prefill)
+        deadline = time.monotonic() + OVERSIZED_TIMEOUT_S
+        while not prefill_bootstrapping(prefill):
+            assert not p.done(), p.result()
+            assert time.monotonic() < deadline, "prefill never took the request"
+            time.sleep(0.05)
+        d = pool.submit(post, decode)
         return dict(prefill=p.result(), decode=d.result())
 
 
