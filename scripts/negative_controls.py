@@ -267,15 +267,82 @@ CONTROLS = (
     Control(
         name="rank-shard-load-back-not-agreed",
         level="full",
-        module="srt/managers/cache_controller.py",
-        old="        return self.rank_shard.agreement.agree(fits, num_tokens)\n",
-        new="        return fits  # negative control: each rank decides alone\n",
+        module="srt/mem_cache/hicache_rank_shard/agreement.py",
+        old="        if all(v == GO for v in verdicts):\n",
+        new="        if verdict == GO:  # negative control: each rank decides alone\n",
         tests=(
             R + "unit/mem_cache/test_hicache_rank_shard.py"
-            "::TestRankShardLoadBackAgreement",
+            "::TestRankShardLoadBackAgreement::test_each_divergence_point_is_decided_by_the_group",
         ),
         expected=("the ranks did not take the load-backs together",),
         what="a rank-sharded load-back is decided by each rank alone",
+    ),
+    Control(
+        name="rank-shard-eviction-not-agreed",
+        level="full",
+        module="srt/mem_cache/hicache_rank_shard/agreement.py",
+        old="            return True, max(row[1] for row in rows)\n",
+        new="            return True, rows[self.rank][1]  # negative control: own eviction\n",
+        tests=(
+            R + "unit/mem_cache/test_hicache_rank_shard.py"
+            "::TestRankShardLoadBackAgreement::test_each_divergence_point_is_decided_by_the_group",
+        ),
+        expected=("the ranks' radix trees differ",),
+        what="each rank of a shard group evicts for a load-back what it needs alone",
+    ),
+    Control(
+        name="rank-shard-allocation-not-agreed",
+        level="full",
+        module="srt/mem_cache/hicache_rank_shard/agreement.py",
+        old="        return not failed\n",
+        new="        return allocated  # negative control: each rank keeps its own\n",
+        tests=(
+            R + "unit/mem_cache/test_hicache_rank_shard.py"
+            "::TestRankShardLoadBackAgreement::test_each_divergence_point_is_decided_by_the_group",
+        ),
+        expected=("the ranks did not take the load-backs together",),
+        what="a rank whose allocation failed after the vote stays out of the exchange",
+    ),
+    Control(
+        name="rank-shard-votes-untagged",
+        level="full",
+        module="srt/mem_cache/hicache_rank_shard/agreement.py",
+        old="                if len(set(header)) > 1:\n",
+        new="                if False:  # negative control: votes not checked\n",
+        tests=(
+            R + "unit/mem_cache/test_hicache_rank_shard.py"
+            "::TestRankShardLoadBackAgreement"
+            "::test_a_vote_on_another_path_fails_on_every_rank_naming_both_votes",
+        ),
+        expected=("test_a_vote_on_another_path_fails_on_every_rank_naming_both_votes",),
+        what="a load-back vote pairs with a peer's decode restore vote",
+    ),
+    Control(
+        name="rank-shard-failed-restore-load-not-drained",
+        level="full",
+        module="srt/disaggregation/decode_hicache_mixin.py",
+        old="            if cc.rank_shard is not None and cc.load_queue:\n",
+        new="            if False:  # negative control: left for the next restore\n",
+        tests=(
+            R + "unit/mem_cache/test_hicache_rank_shard.py"
+            "::TestRankShardDecodeRestores"
+            "::test_a_restore_failing_on_one_rank_after_its_load_fails_on_both",
+        ),
+        expected=("test_a_restore_failing_on_one_rank_after_its_load_fails_on_both",),
+        what="a load queued for a restore the group failed waits for another restore",
+    ),
+    Control(
+        name="rank-shard-decode-l3-attach-allowed",
+        level="cheap",
+        module="srt/mem_cache/hicache_rank_shard/storage.py",
+        old='    if disaggregation_mode == "decode":\n',
+        new="    if False:  # negative control: decode L3 not refused\n",
+        tests=(RANK_SHARD_L3 + "Activation",),
+        expected=(
+            "test_file_on_a_pd_decode_worker_is_refused_naming_the_flag",
+            "test_a_runtime_attach_on_a_pd_decode_worker_is_refused_the_same",
+        ),
+        what="an L3 backend on a rank-sharded PD decode worker, at startup or attach",
     ),
     Control(
         name="rank-shard-decode-worker-refused",

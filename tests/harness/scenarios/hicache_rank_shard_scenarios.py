@@ -437,6 +437,49 @@ def gate_paths(rank: int, world_size: int) -> dict:
 
 
 # ------------------------------------------------- load-back agreement (radix)
+def radix_tree_state(cache) -> list:
+    """Every node of ``cache``'s (Python) radix tree, depth first in key
+    order: its token path, whether its KV is on the device and how many rows
+    (which rows is the rank's own allocator's business: a rank that allocated
+    and freed them again for a load-back the group refused hands out others
+    next), and whether it is on host and which slots (a sharded page must be
+    the same host slots on every rank). Replicated TP ranks that took the
+    same decisions hold identical trees: equal lists, rank for rank."""
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+
+    core = cache.tree_core
+    if not hasattr(core, "root_node"):
+        raise AssertionError("radix_tree_state reads the Python tree core only")
+
+    def rows(value):
+        if value is None:
+            return None
+        if isinstance(value, torch.Tensor):
+            return value.tolist()
+        return list(value)
+
+    def count(value):
+        return None if value is None else len(rows(value))
+
+    state, stack = [], [((), core.root_node)]
+    while stack:
+        path, node = stack.pop()
+        full = node.component(ComponentType.FULL)
+        state.append(
+            (
+                path,
+                node.evicted,
+                count(full.value) if node.parent is not None else None,
+                rows(full.host_value),
+            )
+        )
+        for child in sorted(
+            node.children.values(), key=lambda n: tuple(n.key.token_ids)
+        ):
+            stack.append((path + tuple(child.key.token_ids), child))
+    return state
+
+
 def _wait_written_through(cache, polls: int = 500) -> None:
     """Polls until no write-through is in flight (retired by MIN-reduced
     counts, so every rank leaves at the same poll)."""
@@ -465,11 +508,12 @@ def load_back_agreement(
     the device on every rank; each is then loaded back (``load_back`` on its
     host node, then ``ready_to_load_host_cache`` as the scheduler does), one at
     a time. For the second, ``refuse_rank``'s device pool reads as full (its
-    available size 0 and nothing to evict), as a rank whose allocation fails
+    available size 0 however much it evicts), as a rank with a smaller pool
     would (``refuse_rank=None``: nothing patched, for the test-only variables
     SGLANG_TEST_HICACHE_RANK_SHARD_REFUSE_LOAD_*). Returns, per load-back,
-    whether this rank loaded it, and whether
-    the device rows it holds afterwards equal the cached rows bit for bit."""
+    whether this rank loaded it, and whether the device rows it holds
+    afterwards equal the cached rows bit for bit; the radix tree afterwards
+    (``radix_tree_state``) and the loads still queued."""
     from array import array
 
     from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
@@ -500,17 +544,14 @@ def load_back_agreement(
     for i, seq in enumerate(seqs):
         match = cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", seq))))
         refuse = i == 1 and rank == refuse_rank
-        if refuse:  # this rank's device pool reads as full
+        if refuse:  # this rank's device pool reads as full, eviction or not
             full = cache._component_available_size
             cache._component_available_size = lambda component: 0
-            evict = cache.evict_for_alloc
-            cache.evict_for_alloc = lambda params: None
         try:
             loaded = cache.load_back(match.best_match_node)
         finally:
             if refuse:
                 cache._component_available_size = full
-                cache.evict_for_alloc = evict
         cache.ready_to_load_host_cache()
         cache.loading_check()
         after = cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", seq))))
@@ -533,6 +574,8 @@ def load_back_agreement(
         sharded=shard is not None,
         evicted=evicted,
         loads=loads,
+        tree=radix_tree_state(cache),
+        queued=len(cache.cache_controller.load_queue),
         split=agreement.num_split if agreement else None,
         tokens_missed=agreement.tokens_missed if agreement else None,
         bytes_received=shard.exchange.bytes_received if shard else 0,
@@ -568,6 +611,64 @@ def exchange_without_peer(rank: int, world_size: int, *, loader: int = 0) -> dic
         out["seconds"] = time.monotonic() - start
     # The peers stay alive (in a barrier of the world group) until the loader
     # is done: its broadcast times out rather than seeing them exit.
+    torch.distributed.barrier()
+    return out
+
+
+def _agreement(rank: int, world_size: int):
+    """The shard group's ``LoadBackAgreement`` of a rank-sharded plain MLA
+    controller (2 layers)."""
+    from harness.stacks.dsa_hicache_stack import build_dsa_stack
+
+    stack = build_dsa_stack(rank, world_size, model="mla", layer_num=2)
+    shard = stack.controller.rank_shard
+    if shard is None:
+        raise AssertionError("the controller's host tier is not rank-sharded")
+    return shard.agreement
+
+
+def mismatched_votes(rank: int, world_size: int) -> dict:
+    """Rank 0 votes on a load-back while rank 1 votes on a decode restore
+    (one rank took a path its peer did not). Every rank must raise, naming
+    each rank's vote, instead of pairing the two collectives. Returns the
+    error text and the seconds it took."""
+    import time
+
+    from sglang.srt.mem_cache.hicache_rank_shard.agreement import GO
+
+    agreement = _agreement(rank, world_size)
+    out = dict(rank=rank, error=None, error_type=None, result=None)
+    start = time.monotonic()
+    try:
+        if rank == 0:
+            out["result"] = agreement.plan_load_back(GO, 0, 64)
+        else:
+            out["result"] = agreement.agree_each([True])
+    except RuntimeError as e:
+        out["error"], out["error_type"] = str(e), type(e).__name__
+    out["seconds"] = time.monotonic() - start
+    return out
+
+
+def vote_without_peer(rank: int, world_size: int, *, voter: int = 0) -> dict:
+    """Only ``voter`` votes on a load-back; its peers never join. The vote
+    must fail within SGLANG_HICACHE_RANK_SHARD_EXCHANGE_TIMEOUT_S, naming the
+    vote and the ranks."""
+    import time
+
+    from sglang.srt.mem_cache.hicache_rank_shard.agreement import GO
+
+    agreement = _agreement(rank, world_size)
+    out = dict(rank=rank, error=None, seconds=None)
+    if rank == voter:
+        start = time.monotonic()
+        try:
+            agreement.plan_load_back(GO, 0, 64)
+        except RuntimeError as e:
+            out["error"] = str(e)
+        out["seconds"] = time.monotonic() - start
+    # The peers stay alive (in a barrier of the world group) until the voter
+    # is done: its vote times out rather than seeing them exit.
     torch.distributed.barrier()
     return out
 
@@ -633,10 +734,9 @@ def decode_restores(
         if i == 2 and rank == short_promise_rank:
             pm.l2_host_hit_length += stack.page_size
         refuse = i == 1 and rank == refuse_rank
-        if refuse:  # this rank's device pool reads as full
-            full, evict = cache._component_available_size, cache.evict_for_alloc
+        if refuse:  # this rank's device pool reads as full, eviction or not
+            full = cache._component_available_size
             cache._component_available_size = lambda component: 0
-            cache.evict_for_alloc = lambda params: None
         try:
             for _ in range(20):
                 stack.restore_tick()
@@ -645,7 +745,6 @@ def decode_restores(
         finally:
             if refuse:
                 cache._component_available_size = full
-                cache.evict_for_alloc = evict
         out = dict(
             admitted=[d.req.rid for d in admitted],
             promised=promised,
@@ -666,9 +765,12 @@ def decode_restores(
             stack.finish(dr)
         else:
             stack.abort_in_transfer(dr)
+        # loads still queued once this request's restore ended (a rank-sharded
+        # group starts those of the restores it failed at once)
+        out["queued_after"] = len(cc.load_queue)
         restores.append(out)
     # A restore that failed after its load-back was queued leaves the load
-    # in the queue (as upstream's does): start it, on every rank.
+    # in the queue on a replicated tier (as upstream's does): start it.
     cache.ready_to_load_host_cache()
     cache.loading_check()
     agreement = shard.agreement if shard is not None else None
@@ -682,6 +784,7 @@ def decode_restores(
         kv_host_bytes=kv_host.kv_buffer.numel() * kv_host.kv_buffer.element_size(),
         kv_host_size=kv_host.size,
         restores=restores,
+        tree=radix_tree_state(cache),
         split=agreement.num_split if agreement else None,
         restores_split=agreement.num_restores_split if agreement else None,
         bytes_received=shard.exchange.bytes_received if shard else 0,

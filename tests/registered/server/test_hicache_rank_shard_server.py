@@ -134,14 +134,15 @@ SHARDED = {
     "SGLANG_HICACHE_RANK_SHARD_VERIFY_EVERY": "1",
 }
 REPLICATED = {"SGLANG_ENABLE_HICACHE_RANK_SHARD": "0"}
-# Test-only: shard rank 1 reports every second load-back as not fitting, as a
-# rank whose device allocation fails would (hicache_rank_shard/agreement.py).
+# Test-only: shard rank 1 fails the device allocation of every second
+# load-back after the group voted for it (hicache_rank_shard/agreement.py).
 # That server is launched as two nodes of one TP rank each (--nnodes 2): its
 # first revisit crosses the nodes in the owners' broadcasts, verified.
 REFUSING = dict(
     SHARDED,
     SGLANG_TEST_HICACHE_RANK_SHARD_REFUSE_LOAD_RANK="1",
     SGLANG_TEST_HICACHE_RANK_SHARD_REFUSE_LOAD_EVERY="2",
+    SGLANG_TEST_HICACHE_RANK_SHARD_REFUSE_LOAD_POINT="alloc",
 )
 REFUSING_MODEL = "tiny-dsa"  # a third server beside that model's pair
 TRIGGER = {"tiny-mla": "corrupt-kv", "tiny-dsa": "corrupt-index-k"}
@@ -208,7 +209,8 @@ def refusals(log):
     return [
         (int(n), ranks)
         for n, ranks in re.findall(
-            r"load-back of (\d+) tokens does not fit on shard rank\(s\) (\[[\d, ]*\]) of 2",
+            r"a load-back of (\d+) tokens: shard rank\(s\) (\[[\d, ]*\]) of 2 "
+            r"could not allocate",
             log,
         )
     ]
@@ -665,8 +667,9 @@ class TestRankShardServerDSA(RankShardServerChecks, unittest.TestCase):
         self.assertGreaterEqual(computed(theirs), computed(ours) + full)
 
     def test_two_nodes_shard_and_a_load_back_one_rank_refuses_is_a_miss_on_both(self):
-        # Shard rank 1 refuses the group's 2nd, 4th, ... load-back: those
-        # revisits are recomputed on both ranks (no hang, no mismatch), so the
+        # Shard rank 1 fails the allocation of the group's 2nd, 4th, ...
+        # load-back after the group voted for it: every rank frees its rows and
+        # those revisits are recomputed on both ranks (no hang, no mismatch), so the
         # outputs stay the replicated server's and each refused revisit loses
         # exactly the host hits it had there. The sequential workload makes
         # one load-back per revisit the replicated server served from host.

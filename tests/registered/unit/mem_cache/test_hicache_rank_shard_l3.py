@@ -197,6 +197,21 @@ class TestRankShardL3Activation(unittest.TestCase):
             )
             self.assertEqual(self.reasons(None), [])
 
+    def test_a_runtime_attach_on_a_pd_decode_worker_is_refused_the_same(self):
+        # /attach_hicache_storage_backend reaches the rank-shard context's
+        # check, which gives the startup refusal's reason line.
+        from sglang.srt.mem_cache.hicache_rank_shard.plan import RankShardContext
+        from sglang.srt.runtime_context import get_disagg
+
+        with get_disagg().override(
+            disaggregation_mode="decode", disaggregation_decode_enable_radix_cache=True
+        ):
+            (startup,) = self.reasons("file")
+            with self.assertRaises(ValueError) as ctx:
+                RankShardContext.check_storage_backend(None, "file")
+        self.assertIn(startup, str(ctx.exception))
+        RankShardContext.check_storage_backend(None, "file")  # prefill: accepted
+
 
 class TestRankShardL3NegativeControls(L3ShardChecks, unittest.TestCase):
     def test_every_rank_writing_rank_0s_key_is_caught(self):
