@@ -435,13 +435,32 @@ class TestRankShardLoadBackAgreement(unittest.TestCase):
         for r in results:
             self.assertEqual(r["error_type"], "RankShardDivergence", r)
             self.assertIn(
-                "entered different votes: shard rank 0: plan_load_back #0 of 3 "
+                "entered different votes: shard rank 0: plan_load_back #0 of 4 "
                 "value(s), shard rank 1: agree_each (decode restores) #0 of 1 "
                 "value(s)",
                 r["error"],
             )
             self.assertIsNone(r["result"], r)
             self.assertLess(r["seconds"], 30, r)
+
+    def test_verified_ranks_whose_trees_parted_stop_at_the_next_vote(self):
+        # SGLANG_HICACHE_RANK_SHARD_VERIFY_EVERY on (as the live tests run):
+        # each load-back vote carries a digest of every rank's radix tree.
+        # Rank 1 skips the eviction the group agreed on the second load-back
+        # (a stand-in for any rank-local tree change): the third load-back's
+        # vote stops both ranks, naming the digests, instead of loading on
+        # trees that differ.
+        env = {**ON, "SGLANG_HICACHE_RANK_SHARD_VERIFY_EVERY": "1"}
+        with self.assertRaises(RankFailure) as ctx:
+            run_ranks(
+                load_back_agreement, 2, timeout=600, env=env, refuser_evicts=False
+            )
+        self.assertIn(
+            "the radix trees of shard group [0, 1] differ before load-back vote #4",
+            str(ctx.exception),
+        )
+        # the same run with the eviction on every rank loads as planned
+        self.check(run_ranks_agreeing(env))
 
     def test_a_vote_no_peer_joins_fails_naming_the_vote_and_ranks(self):
         env = {**ON, "SGLANG_HICACHE_RANK_SHARD_EXCHANGE_TIMEOUT_S": "2"}
