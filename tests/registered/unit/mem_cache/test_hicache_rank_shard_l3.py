@@ -206,10 +206,11 @@ class TestRankShardL3Activation(unittest.TestCase):
         with get_disagg().override(
             disaggregation_mode="decode", disaggregation_decode_enable_radix_cache=True
         ):
-            (startup,) = self.reasons("file")
             with self.assertRaises(ValueError) as ctx:
                 RankShardContext.check_storage_backend(None, "file")
-        self.assertIn(startup, str(ctx.exception))
+            startup = self.reasons("file")
+        self.assertEqual(len(startup), 1, startup)
+        self.assertIn(startup[0], str(ctx.exception))
         RankShardContext.check_storage_backend(None, "file")  # prefill: accepted
 
 
