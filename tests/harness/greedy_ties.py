@@ -12,7 +12,9 @@ records (``output_ids`` and ``top2``) and returns ``None`` when the outputs are
 equal, ``("tie", i)`` when they first differ at position ``i`` and each
 server's runner-up there is the other's token within ``TIE_LOGPROB``, and
 ``("differ", i)`` otherwise: wrong KV moves the distribution, so a difference
-that is not a tie on both servers is a failure.
+that is not a tie on both servers is a failure. Where a server's two best are
+exactly equal, its top-k lists them in either order while its greedy token is
+the argmax's pick, so its runner-up is the entry that is not its own token.
 """
 
 from __future__ import annotations
@@ -31,17 +33,23 @@ def top2_of(meta: dict) -> list:
     ]
 
 
-def _runner_up_within(top2: list, token: int, tie: float) -> bool:
-    (best, _), *rest = top2
-    return any(tok == token and best - lp <= tie for lp, tok in rest)
+def _runner_up_within(top2: list, own: int, other: int, tie: float) -> bool:
+    """``other`` is this server's runner-up to its own greedy token ``own``
+    within ``tie``: both are among its two best, ``own`` at the best logprob.
+    On an exact tie the two are listed in either order (the top-k's order of
+    equal values is not the sampler's argmax), so the runner-up is the entry
+    that is not ``own``, wherever it is listed."""
+    best = top2[0][0]
+    lps = {tok: lp for lp, tok in top2}
+    return own in lps and other in lps and lps[own] == best and best - lps[other] <= tie
 
 
 def first_divergence(a: dict, b: dict, tie: float = TIE_LOGPROB):
     for i, (x, y) in enumerate(zip(a["output_ids"], b["output_ids"])):
         if x == y:
             continue
-        if _runner_up_within(a["top2"][i], y, tie) and _runner_up_within(
-            b["top2"][i], x, tie
+        if _runner_up_within(a["top2"][i], x, y, tie) and _runner_up_within(
+            b["top2"][i], y, x, tie
         ):
             return ("tie", i)
         return ("differ", i)

@@ -48,6 +48,22 @@ class TestGreedyTies(unittest.TestCase):
         a = dict(A, top2=[A["top2"][0], other, A["top2"][2]])
         self.assertEqual(first_divergence(a, B), ("differ", 1))
 
+    def test_an_exact_tie_listed_in_either_order_is_a_tie(self):
+        # Seen in CI: one server's two best are equal and its greedy token
+        # (the argmax) is listed second; the other server's first differs
+        # from its second by one bfloat16 step of a logit near 1.
+        ours = rec([3, 8], [[(-0.1, 3), (-2, 4)], [(-6.95937, 21), (-6.95937, 8)]])
+        theirs = rec([3, 21], [[(-0.1, 3), (-2, 4)], [(-6.95547, 21), (-6.95938, 8)]])
+        self.assertEqual(first_divergence(ours, theirs), ("tie", 1))
+        self.assertEqual(first_divergence(theirs, ours), ("tie", 1))
+        # an exact tie on one server is no tie if the other server's margin
+        # is wide
+        wide = rec([3, 21], [[(-0.1, 3), (-2, 4)], [(-6.7, 21), (-6.95938, 8)]])
+        self.assertEqual(first_divergence(ours, wide), ("differ", 1))
+        # nor if this server's greedy token is not among its best
+        lost = rec([3, 8], [[(-0.1, 3), (-2, 4)], [(-6.95937, 21), (-6.95937, 9)]])
+        self.assertEqual(first_divergence(lost, theirs), ("differ", 1))
+
     def test_the_first_token_and_lengths(self):
         c = rec([6, 7, 3], A["top2"])
         self.assertEqual(first_divergence(A, c), ("differ", 0))
