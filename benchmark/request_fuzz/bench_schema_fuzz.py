@@ -54,7 +54,7 @@ def main():
     series = importlib.metadata.version("sglang")
     admin = schema_fuzz.admin_paths()
     server = LiveServer(
-        "patched", ["--admin-api-key", ADMIN_KEY], name="schema-fuzz-bench"
+        "patched", list(schema_fuzz.server_args(ADMIN_KEY)), name="schema-fuzz-bench"
     )
     try:
         report = schema_fuzz.run(
@@ -94,7 +94,12 @@ def main():
             "case_timeout_s": args.case_timeout,
             "modes": ["positive", "negative"],
             "model": "tiny-llama",
-            "server_args": ["--admin-api-key", "<key>"],
+            "server_args": [
+                "--admin-api-key",
+                "<key>",
+                "--context-length",
+                str(schema_fuzz.CONTEXT_LENGTH),
+            ],
             "only": args.only,
             "schemathesis": importlib.metadata.version("schemathesis"),
             "hypothesis": importlib.metadata.version("hypothesis"),

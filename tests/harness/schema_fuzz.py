@@ -112,6 +112,16 @@ COST_CAPS = {
 }
 
 
+# The fuzz server's context: a generation the case leaves unbounded (no
+# max_tokens: up to the context) ends within it, so every case is short.
+CONTEXT_LENGTH = 128
+
+
+def server_args(admin_key: str) -> tuple:
+    """The fuzz server's flags beyond the CPU server's."""
+    return ("--admin-api-key", admin_key, "--context-length", str(CONTEXT_LENGTH))
+
+
 def bound_cost(value):
     """``value`` with every ``COST_CAPS`` field that holds an int above its
     cap set to the cap, at any depth."""

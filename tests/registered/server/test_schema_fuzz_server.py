@@ -40,7 +40,6 @@ PROJECT_ONLY = "runs this project's CPU server"
 ADMIN_KEY = "schema-fuzz-admin-key"
 SEED, EXAMPLES = 23, 1
 CASE_TIMEOUT_S = 30.0
-FUZZ_BUDGET_S = 240.0  # a guard: the run takes ~60 s (docs/testing.md)
 VOCAB = 2048  # scripts/tiny_model.py
 
 
@@ -75,13 +74,12 @@ def _fuzz(server):
         admin_key=ADMIN_KEY,
         admin=admin,
         case_timeout=CASE_TIMEOUT_S,
-        budget_s=FUZZ_BUDGET_S,
     )
     return dict(spec=spec, admin=admin, fixed=fixed, report=report)
 
 
 KEY = shared_servers.work(
-    "patched", ("--admin-api-key", ADMIN_KEY), name="schema-fuzz", fn=_fuzz
+    "patched", schema_fuzz.server_args(ADMIN_KEY), name="schema-fuzz", fn=_fuzz
 )
 
 
