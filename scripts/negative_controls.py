@@ -400,6 +400,24 @@ CONTROLS = (
         what="fixes/0001 without its prompt token id check",
     ),
     Control(
+        name="configure-logging-applied-before-check",
+        level="cheap",
+        module="srt/utils/request_logger.py",
+        old="        check_request_log_settings(log_requests_level, log_requests_format)\n"
+        "        if log_requests is not None:\n"
+        "            self.log_requests = log_requests\n",
+        new="        if log_requests is not None:\n"
+        "            self.log_requests = log_requests\n"
+        "        check_request_log_settings(log_requests_level, log_requests_format)\n",
+        tests=(
+            R + "unit/managers/test_configure_logging_validation.py"
+            "::TestConfigureLoggingValidation"
+            "::test_level_out_of_range_is_refused_and_changes_nothing",
+        ),
+        expected=("a refused request changed state",),
+        what="fixes/0014 refusing the level after applying log_requests (half state)",
+    ),
+    Control(
         name="auto-never-selects-cache-aware",
         level="cheap",
         module="srt/arg_groups/cache_aware_routing_hook.py",

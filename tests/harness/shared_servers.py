@@ -86,9 +86,14 @@ def work(
 def flush_cache(server: LiveServer) -> None:
     """Empties the radix cache; ``timeout`` lets the server finish what is
     still in flight first (upstream's ``/flush_cache?timeout=``)."""
+    headers = {}
+    if "--admin-api-key" in server.extra_args:  # an admin route then
+        key = server.extra_args[server.extra_args.index("--admin-api-key") + 1]
+        headers["Authorization"] = f"Bearer {key}"
     resp = requests.post(
         f"{server.base_url}/flush_cache",
         params={"timeout": FLUSH_TIMEOUT_S},
+        headers=headers,
         timeout=FLUSH_TIMEOUT_S + 30,
     )
     if resp.status_code != 200:
