@@ -547,6 +547,20 @@ CONTROLS = (
         "the burst's second request follows the first by its match",
     ),
     Control(
+        name="prefill-drops-early-decode-abort-live",
+        level="full",
+        module="srt/disaggregation/mooncake/conn.py",
+        old="            if status is None:\n                self._retain_early_abort(room)\n",
+        new="            pass  # negative control: an ABORT before the request is dropped\n",
+        tests=(
+            R + "server/test_pd_decode_hicache_server.py::TestPdDecodeHiCacheServer"
+            "::test_a_request_no_decode_pool_can_admit_is_refused_and_prefill_freed",
+        ),
+        expected=("not less than 15.0",),
+        what="a PD prefill worker drops a decode ABORT that reaches it before "
+        "the request (0.5.23): the request waits for the bootstrap timeout",
+    ),
+    Control(
         name="kv-events-without-host-tier-live",
         level="full",
         module="srt/mem_cache/rust_tree_core/adapter.py",

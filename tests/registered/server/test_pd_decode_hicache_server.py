@@ -57,10 +57,13 @@ prefix credited from its dispatch sent the second to the first's rank by its
 match.
 
 Then each decode worker gets a prompt that passes its input-length check but
-needs more than its whole pool with the reserved decode tokens: it answers
-HTTP 400 naming the sizes, prefill answers too (it was told), and both serve
-the next request (0.5.23 keeps it queued forever and prefill waits for its
-bootstrap timeout, fixes/0007).
+needs more than its whole pool with the reserved decode tokens, posted to both
+servers at once as a router posts it, then again to prefill once decode has
+answered: decode answers HTTP 400 naming the sizes, prefill answers within
+``PREFILL_FREED_S`` (it was told, also when decode's abort came before the
+request, fixes/0013), and both serve the next request (0.5.23 keeps it queued
+forever and prefill waits for its bootstrap timeout, fixes/0007; 0.5.23's
+prefill drops an abort that beats the request).
 """
 
 import random
@@ -218,6 +221,12 @@ def pd_generate(prefill, decode, bootstrap_port, text, extra_key=None, rank=None
 # (fixes/0007; 0.5.23 keeps it queued forever).
 OVERSIZED_WORDS = DECODE_POOL - 12
 OVERSIZED_TIMEOUT_S = 60.0  # both answers are immediate; 0.5.23 never answers
+# Prefill answers a request whose decode abort it got within this many seconds
+# of its post: the abort fails the request's sender at its first bootstrap-queue
+# poll, a scheduler round (milliseconds idle, a few seconds on a loaded CI
+# machine). A dropped abort leaves it to prefill's bootstrap timeout (300 s,
+# SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT), twenty times this bound.
+PREFILL_FREED_S = 15.0
 
 
 def prefill_bootstrapping(prefill) -> int:
@@ -227,15 +236,14 @@ def prefill_bootstrapping(prefill) -> int:
     return sum(x["disaggregation"]["prefill_bootstrap_queue_reqs"] for x in loads)
 
 
-def pd_generate_both(prefill, decode, bootstrap_port, text) -> dict:
-    """Both servers' answers (status, body head, seconds), None on timeout.
+def pd_generate_both(prefill, decode, bootstrap_port, text, decode_first=False):
+    """Both servers' answers (status, body head, seconds from its own post;
+    status None on timeout) and the prefill bootstrap queue after both.
 
-    The decode body goes out once the prefill server holds the request's
-    bootstrap room: a decode abort that reaches prefill before the room
-    exists is dropped there (0.5.23's mooncake prefill ignores an ABORT for
-    a room it does not know), and prefill then keeps the request until its
-    bootstrap timeout. A router that posts both at once meets that race;
-    this test checks the abort path, not the race."""
+    Posted to both at once, as a router posts (decode's abort may reach
+    prefill before or after prefill created the request's sender), or with
+    ``decode_first`` to prefill once decode has answered, so decode's abort
+    (sent before its answer) reaches prefill before the request does."""
     body = {
         "text": text,
         "sampling_params": greedy(NEW_TOKENS),
@@ -249,18 +257,17 @@ def pd_generate_both(prefill, decode, bootstrap_port, text) -> dict:
         try:
             r = server.post_raw("/generate", body, timeout=OVERSIZED_TIMEOUT_S)
         except requests.Timeout:
-            return None
+            return (None, "no answer", time.monotonic() - start)
         return (r.status_code, r.text[:600], time.monotonic() - start)
 
     with ThreadPoolExecutor(2) as pool:
-        p = pool.submit(post, prefill)
-        deadline = time.monotonic() + OVERSIZED_TIMEOUT_S
-        while not prefill_bootstrapping(prefill):
-            assert not p.done(), p.result()
-            assert time.monotonic() < deadline, "prefill never took the request"
-            time.sleep(0.05)
         d = pool.submit(post, decode)
-        return dict(prefill=p.result(), decode=d.result())
+        if decode_first:
+            d.result()
+        p = pool.submit(post, prefill)
+        both = dict(prefill=p.result(), decode=d.result())
+    both["bootstrapping"] = prefill_bootstrapping(prefill)
+    return both
 
 
 def loaded_back_tokens(server) -> float:
@@ -369,6 +376,9 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
                     runs=runs if name == "seed" else None,
                     oversized=pd_generate_both(
                         prefill, decode, bootstrap_port, oversized
+                    ),
+                    oversized_decode_first=pd_generate_both(
+                        prefill, decode, bootstrap_port, oversized, decode_first=True
                     ),
                     # both servers still serve: a new prompt, answered in full
                     after=pd_generate(prefill, decode, bootstrap_port, "a new prompt"),
@@ -508,18 +518,23 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
 
     def test_a_request_no_decode_pool_can_admit_is_refused_and_prefill_freed(self):
         for name in DECODES:
-            both = self.results[name]["oversized"]
-            print(name, "oversized:", both)
-            # 0.5.23 answers neither: the decode worker keeps the request
-            # queued and prefill waits for its bootstrap timeout (300 s).
-            self.assertIsNotNone(both["decode"], name)
-            status, text, _ = both["decode"]
-            self.assertEqual(status, 400, (name, text))
-            self.assertIn("can never be admitted by this decode worker", text)
-            self.assertIn(f"decode KV pool's {DECODE_POOL}", text)
-            # prefill was told through the KV receiver's abort and let it go
-            self.assertIsNotNone(both["prefill"], name)
-            self.assertNotEqual(both["prefill"][0], 200, (name, both["prefill"]))
+            for case in ("oversized", "oversized_decode_first"):
+                both = self.results[name][case]
+                print(name, case, both)
+                # 0.5.23 answers neither: the decode worker keeps the request
+                # queued and prefill waits for its bootstrap timeout (300 s).
+                status, text, _ = both["decode"]
+                self.assertEqual(status, 400, (name, case, text))
+                self.assertIn("can never be admitted by this decode worker", text)
+                self.assertIn(f"decode KV pool's {DECODE_POOL}", text)
+                # prefill was told through the KV receiver's abort and let it
+                # go within seconds, whether the abort came after the request
+                # or before it (fixes/0013; 0.5.23 drops that abort)
+                status, text, seconds = both["prefill"]
+                self.assertLess(seconds, PREFILL_FREED_S, (name, case, text))
+                self.assertIsNotNone(status, (name, case))
+                self.assertNotEqual(status, 200, (name, case, text))
+                self.assertEqual(both["bootstrapping"], 0, (name, case))
             after = self.results[name]["after"]
             self.assertNotIn("error", after, name)
             self.assertGreater(len(after["output_ids"]), 0, name)
