@@ -32,6 +32,9 @@ scheduler and detokenizer processes get it too.  Elsewhere it does nothing.
   (``prefill.py`` ``_send_kv_chunk``); on CPU neither exists.  The stand-in sets
   ``MooncakeKVSender.supports_host_tensor_indices = False``, so the prefill
   takes its other branch (``kv_to_page_indices``, same pages, synchronous).
+* Debug loggers: ``SGLANG_TEST_DEBUG_LOGGERS`` (comma-separated logger names,
+  ``harness.pd_stall``) puts those loggers at DEBUG in every server process,
+  the rest of the server staying at its ``--log-level``.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import sys
 import types
 
 ENV = "SGLANG_TEST_CPU_SERVER_STANDINS"
+DEBUG_LOGGERS_ENV = "SGLANG_TEST_DEBUG_LOGGERS"
 _POOL_MODULES = {
     "sglang.srt.mem_cache.pool_host.common": "pinned",
     "sglang.srt.mem_cache.pool_host.mha": "kvcacheio",
@@ -238,6 +242,16 @@ def install_hook(tests_dir: str) -> None:
     if tests_dir not in sys.path:
         sys.path.append(tests_dir)
     sys.meta_path.insert(0, CpuServerFinder())
+    _debug_loggers(os.environ.get(DEBUG_LOGGERS_ENV, ""))
+
+
+def _debug_loggers(names: str) -> None:
+    """The named loggers at DEBUG: a logger's own level outlasts sglang's
+    ``configure_logger`` (``basicConfig(force=True)`` resets the root only)."""
+    import logging
+
+    for name in filter(None, (n.strip() for n in names.split(","))):
+        logging.getLogger(name).setLevel(logging.DEBUG)
 
 
 def install_into_venv(site_packages: str) -> None:
