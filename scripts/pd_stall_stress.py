@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 import statistics
 import sys
 import time
@@ -41,6 +42,24 @@ import test_pd_decode_hicache_server as pd  # noqa: E402
 
 from harness.live_server import LiveServer, assert_all_gone, free_port  # noqa: E402
 from harness.pd_stall import PD_DEBUG_ENV, StallWatch, stall_bound  # noqa: E402
+
+QUEUES = (
+    "prefill_bootstrap_queue_reqs",
+    "prefill_inflight_queue_reqs",
+    "decode_prealloc_queue_reqs",
+    "decode_transfer_queue_reqs",
+)
+
+
+def queues_at_capture(capture: str) -> str:
+    """The disaggregation queues each server reported in a capture."""
+    out = []
+    for name, loads in re.findall(
+        r"^--- (\S+): /v1/loads\?include=disagg ---\n(.*)$", capture, re.M
+    ):
+        counts = {q: sum(map(int, re.findall(rf'"{q}":(\d+)', loads))) for q in QUEUES}
+        out.append(f"{name} " + " ".join(f"{q}={n}" for q, n in counts.items() if n))
+    return "; ".join(out)
 
 
 def one_request(prefill, decode, port, text, rank, watch, timeout, jitter):
@@ -82,6 +101,8 @@ def one_request(prefill, decode, port, text, rank, watch, timeout, jitter):
 def run_pair(args, run: int) -> tuple[list[float], int, int]:
     port = free_port()
     env = {**pd.PD_ENV, **PD_DEBUG_ENV}
+    if args.hold_room_open:  # tests/standins/cpu_server_standins.py
+        env["SGLANG_TEST_HOLD_ROOM_OPEN_S"] = str(args.hold_room_open)
     prefill_args = ["--disaggregation-mode", "prefill", *pd.TRANSFER]
     prefill_args += ["--disaggregation-bootstrap-port", str(port)]
     prefill_args += ["--disable-radix-cache"]
@@ -93,10 +114,10 @@ def run_pair(args, run: int) -> tuple[list[float], int, int]:
         # one after the other: a start is CPU-bound, and a failed start
         # leaves the one already up in ``servers``, stopped below
         servers["prefill"] = LiveServer(
-            "patched", prefill_args, env, "prefill", pd.MODEL
+            args.tree, prefill_args, env, "prefill", pd.MODEL
         )
         servers["decode"] = LiveServer(
-            "patched", pd.DECODES[args.decode], env, f"decode-{args.decode}", pd.MODEL
+            args.tree, pd.DECODES[args.decode], env, f"decode-{args.decode}", pd.MODEL
         )
         print(f"run {run}: pair up in {time.monotonic() - t0:.0f} s", flush=True)
         rng = random.Random(args.seed + run)
@@ -137,6 +158,9 @@ def run_pair(args, run: int) -> tuple[list[float], int, int]:
                 ]
                 outs = [f.result() for f in futs]
             stalled += len(watch.captures) - before
+            for capture in watch.captures[before:]:
+                print(f"  stalled: {capture.splitlines()[0]}", flush=True)
+                print(f"  queues then: {queues_at_capture(capture)}", flush=True)
             for ok, lat, why in outs:
                 latencies.append(lat)
                 if not ok:
@@ -165,6 +189,19 @@ def main() -> int:
     ap.add_argument("--words", type=int, default=pd.PROMPT_WORDS)
     ap.add_argument("--ranks", default="alternate", help="alternate|none|0|1")
     ap.add_argument("--decode", default="seed", choices=sorted(pd.DECODES))
+    ap.add_argument(
+        "--tree",
+        default="patched",
+        help="patched (the venv's wheel) or upstream (pristine 0.5.23; "
+        "--decode generic: the seed flags are this project's)",
+    )
+    ap.add_argument(
+        "--hold-room-open",
+        type=float,
+        default=0.0,
+        help="seconds a prefill sender is held after reading its new room "
+        "(test-only injection: the lost-bootstrap race, widened)",
+    )
     ap.add_argument(
         "--bound",
         type=float,
