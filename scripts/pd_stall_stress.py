@@ -13,8 +13,14 @@ router), ``--revisits`` of them earlier prompts (decode prefix hits, restored
 from the host tier once evicted). A request unanswered after ``--bound``
 seconds (default: ``stall_bound`` of one round) is captured (thread dumps of
 both trees, the transfer engine's log, written beside each server's log) and
-counted as a stall; it is then left to the client timeout. ``--runs``
-restarts the pair that many times.
+counted as a stall, with the disaggregation queues each server reported;
+it is then left to the client timeout. ``--runs`` restarts the pair that many
+times. ``--tree upstream`` serves pristine 0.5.23 (with ``--decode generic``
+or ``plain``); ``--hold-room-open S`` widens the race of fixes/0015.
+
+    .venv/bin/python scripts/pd_stall_stress.py --tree upstream --decode plain \
+        --rounds 4 --concurrency 2 --ranks none --hold-room-open 1 --bound 25 \
+        --timeout 60
 
     .venv/bin/python scripts/pd_stall_stress.py --runs 2 --rounds 25 \
         --ranks none --revisits 0.3 --jitter 0.5
@@ -49,6 +55,14 @@ QUEUES = (
     "decode_prealloc_queue_reqs",
     "decode_transfer_queue_reqs",
 )
+
+
+# A decode worker without HiCache (whose host pool start checks free host
+# memory): the race of fixes/0015 is prefill's.
+PLAIN_DECODE = ["--disaggregation-mode", "decode", *pd.TRANSFER]
+PLAIN_DECODE += ["--max-total-tokens", str(pd.DECODE_POOL)]
+PLAIN_DECODE += ["--num-reserved-decode-tokens", "16"]
+DECODES = {**pd.DECODES, "plain": PLAIN_DECODE}
 
 
 def queues_at_capture(capture: str) -> str:
@@ -117,7 +131,7 @@ def run_pair(args, run: int) -> tuple[list[float], int, int]:
             args.tree, prefill_args, env, "prefill", pd.MODEL
         )
         servers["decode"] = LiveServer(
-            args.tree, pd.DECODES[args.decode], env, f"decode-{args.decode}", pd.MODEL
+            args.tree, DECODES[args.decode], env, f"decode-{args.decode}", pd.MODEL
         )
         print(f"run {run}: pair up in {time.monotonic() - t0:.0f} s", flush=True)
         rng = random.Random(args.seed + run)
@@ -188,7 +202,7 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--words", type=int, default=pd.PROMPT_WORDS)
     ap.add_argument("--ranks", default="alternate", help="alternate|none|0|1")
-    ap.add_argument("--decode", default="seed", choices=sorted(pd.DECODES))
+    ap.add_argument("--decode", default="seed", choices=sorted(DECODES))
     ap.add_argument(
         "--tree",
         default="patched",
