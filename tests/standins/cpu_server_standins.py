@@ -32,6 +32,12 @@ scheduler and detokenizer processes get it too.  Elsewhere it does nothing.
   (``prefill.py`` ``_send_kv_chunk``); on CPU neither exists.  The stand-in sets
   ``MooncakeKVSender.supports_host_tensor_indices = False``, so the prefill
   takes its other branch (``kv_to_page_indices``, same pages, synchronous).
+* PD room-open hold (test-only, ``SGLANG_TEST_HOLD_ROOM_OPEN_S``): widens the
+  window between a prefill sender's read of its new room and its write
+  (``_bind_room_open_hold``), to reproduce the lost bootstrap on a live pair.
+* Debug loggers: ``SGLANG_TEST_DEBUG_LOGGERS`` (comma-separated logger names,
+  ``harness.pd_stall``) puts those loggers at DEBUG in every server process,
+  the rest of the server staying at its ``--log-level``.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ import sys
 import types
 
 ENV = "SGLANG_TEST_CPU_SERVER_STANDINS"
+DEBUG_LOGGERS_ENV = "SGLANG_TEST_DEBUG_LOGGERS"
+HOLD_ROOM_OPEN_ENV = "SGLANG_TEST_HOLD_ROOM_OPEN_S"
 _POOL_MODULES = {
     "sglang.srt.mem_cache.pool_host.common": "pinned",
     "sglang.srt.mem_cache.pool_host.mha": "kvcacheio",
@@ -123,6 +131,7 @@ class _PatchAfterExec(importlib.abc.Loader):
             module._cuda_host_register = pinned_memory.cuda_host_register_standin
         elif self._kind == "mooncake":
             module.MooncakeKVSender.supports_host_tensor_indices = False
+            _bind_room_open_hold(module)
         elif self._kind == "mla_handler":
             module.AttentionBackendRegistry.register(
                 "torch_native", _torch_native_mla_handler(module)
@@ -139,6 +148,37 @@ class _PatchAfterExec(importlib.abc.Loader):
                 setattr(module, name, getattr(kvcacheio, name))
             pinned_memory.bind_dummy_page_standin(module)
             _bind_load_record(module)
+
+
+def _bind_room_open_hold(module) -> None:
+    """Test-only injection (``SGLANG_TEST_HOLD_ROOM_OPEN_S`` seconds,
+    ``scripts/pd_stall_stress.py --hold-room-open``): a prefill scheduler
+    thread's read of a room it does not hold yet (the KV sender opening it in
+    ``update_status``) returns only after that long, as a thread switch right
+    after the read would; the bootstrap thread runs meanwhile."""
+    delay = float(os.environ.get(HOLD_ROOM_OPEN_ENV) or 0)
+    if delay <= 0:
+        return
+    import threading
+    import time
+
+    class HeldRoomStatus(dict):
+        def get(self, key, default=None):
+            value = super().get(key, default)
+            if value is None and threading.current_thread() is threading.main_thread():
+                time.sleep(delay)
+            return value
+
+    manager = module.MooncakeKVManager
+    init = manager.__init__
+
+    def held_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        prefill = self.disaggregation_mode == module.DisaggregationMode.PREFILL
+        if prefill and type(self.request_status) is dict:
+            self.request_status = HeldRoomStatus(self.request_status)
+
+    manager.__init__ = held_init
 
 
 def _torch_native_mla_handler(module):
@@ -238,6 +278,16 @@ def install_hook(tests_dir: str) -> None:
     if tests_dir not in sys.path:
         sys.path.append(tests_dir)
     sys.meta_path.insert(0, CpuServerFinder())
+    _debug_loggers(os.environ.get(DEBUG_LOGGERS_ENV, ""))
+
+
+def _debug_loggers(names: str) -> None:
+    """The named loggers at DEBUG: a logger's own level outlasts sglang's
+    ``configure_logger`` (``basicConfig(force=True)`` resets the root only)."""
+    import logging
+
+    for name in filter(None, (n.strip() for n in names.split(","))):
+        logging.getLogger(name).setLevel(logging.DEBUG)
 
 
 def install_into_venv(site_packages: str) -> None:

@@ -88,6 +88,7 @@ from harness.kv_events import (
 )
 from harness.live_server import LiveServer, assert_all_gone, free_port, greedy
 from harness.metrics import routing_outcomes
+from harness.pd_stall import PD_DEBUG_ENV, StallWatch, stall_bound
 
 register_cpu_ci(est_time=300, suite="base-b-test-cpu")
 FEATURE_GROUP = "decode-hicache"  # the series group it tests (or "series")
@@ -97,6 +98,9 @@ PD_ENV = {
     # mooncake registers this address (else the first NIC's).
     "SGLANG_HOST_IP": "127.0.0.1",
     "SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX": "false",
+    # harness.pd_stall: the transfer engine's and the disaggregation modules'
+    # debug logs, read when a request stalls
+    **PD_DEBUG_ENV,
 }
 TRANSFER = ["--disaggregation-transfer-backend", "mooncake_tcp"]
 MODEL = "tiny-mla"
@@ -155,6 +159,11 @@ WORDS = "cache prefix token rank host device page layer tree radix decode".split
 
 BURST_LEAD_S = 2.0  # decode bodies first: both routed before any transfer
 BURST_KEY = "decode-landing-burst"  # a namespace no other request shares
+# Every PD request below is watched (harness.pd_stall): one still unanswered
+# after the bound of its workload gets the servers' thread dumps and the
+# transfer engine's log, printed and attached to the class setup's failure.
+# setUpClass names the servers.
+STALLS = StallWatch({}, stall_bound(1, NEW_TOKENS))
 
 
 def delta(after: dict, before: dict) -> dict:
@@ -180,7 +189,11 @@ def pd_burst(prefill, decode, bootstrap_port, text, copies, lead_s) -> list:
         }
         for _ in range(copies)
     ]
-    with ThreadPoolExecutor(2 * copies) as pool:
+    rooms = [b["bootstrap_room"] for b in bodies]
+    bound = lead_s + stall_bound(copies, NEW_TOKENS)
+    with STALLS.watch(f"burst, rooms {rooms}", bound), ThreadPoolExecutor(
+        2 * copies
+    ) as pool:
         ds = [pool.submit(decode.post_raw, "/generate", b) for b in bodies]
         time.sleep(lead_s)
         ps = [pool.submit(prefill.post_raw, "/generate", b) for b in bodies]
@@ -205,7 +218,8 @@ def pd_generate(prefill, decode, bootstrap_port, text, extra_key=None, rank=None
     if extra_key is not None:
         body["extra_key"] = extra_key
     decode_body = dict(body) if rank is None else {**body, "routed_dp_rank": rank}
-    with ThreadPoolExecutor(2) as pool:
+    what = f"room {body['bootstrap_room']} (decode rank {rank})"
+    with STALLS.watch(what), ThreadPoolExecutor(2) as pool:
         p = pool.submit(prefill.post_raw, "/generate", body)
         d = pool.submit(decode.post_raw, "/generate", decode_body)
         p_resp, d_resp = p.result(), d.result()
@@ -260,7 +274,8 @@ def pd_generate_both(prefill, decode, bootstrap_port, text, decode_first=False):
             return (None, "no answer", time.monotonic() - start)
         return (r.status_code, r.text[:600], time.monotonic() - start)
 
-    with ThreadPoolExecutor(2) as pool:
+    what = f"oversized, room {body['bootstrap_room']}"
+    with STALLS.watch(what), ThreadPoolExecutor(2) as pool:
         d = pool.submit(post, decode)
         if decode_first:
             d.result()
@@ -268,6 +283,40 @@ def pd_generate_both(prefill, decode, bootstrap_port, text, decode_first=False):
         both = dict(prefill=p.result(), decode=d.result())
     both["bootstrapping"] = prefill_bootstrapping(prefill)
     return both
+
+
+# The capture's own check: a request posted to the seed worker's DP rank 1
+# alone stalls by construction (prefill never computes it). It is watched
+# with this bound and cut by the client a second later; the capture, taken
+# while the request waits, must name every process of the three servers.
+PROBE_BOUND_S = 2.0
+PROBE_CLIENT_TIMEOUT_S = PROBE_BOUND_S + 1.0
+
+
+def probe_stall_capture(decode, bootstrap_port) -> dict:
+    body = {
+        "text": "a request prefill never sees",
+        "sampling_params": greedy(NEW_TOKENS),
+        "bootstrap_host": "127.0.0.1",
+        "bootstrap_port": bootstrap_port,
+        "bootstrap_room": random.randint(0, 2**62),
+        "routed_dp_rank": 1,
+    }
+    before = len(STALLS.captures)
+    what = f"probe, room {body['bootstrap_room']} (decode rank 1, decode only)"
+    with STALLS.watch(what, PROBE_BOUND_S):
+        try:
+            r = decode.post_raw("/generate", body, timeout=PROBE_CLIENT_TIMEOUT_S)
+            answer = (r.status_code, r.text[:300])
+        except requests.Timeout:
+            answer = None
+    servers = STALLS.servers.items()
+    return dict(
+        answer=answer,
+        captures=STALLS.captures[before:],
+        pids={name: server.pids() for name, server in servers},
+        roles={name: server.roles() for name, server in servers},
+    )
 
 
 def loaded_back_tokens(server) -> float:
@@ -331,6 +380,7 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
         prefill = LiveServer(
             "patched", prefill_args, env=PD_ENV, name="prefill", model=MODEL
         )
+        STALLS.servers["prefill"] = prefill
         decodes, pids = {}, []
         # The seed worker's KV events, one publisher per DP rank (port + rank),
         # subscribed before it binds.
@@ -346,6 +396,7 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
                 name=f"decode-{name}",
                 model=MODEL,
             )
+            STALLS.servers[f"decode-{name}"] = decodes[name]
 
         try:
             with ThreadPoolExecutor(len(DECODES)) as pool:
@@ -384,16 +435,46 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
                     after=pd_generate(prefill, decode, bootstrap_port, "a new prompt"),
                     log=decode.log_text(),
                 )
+            cls.results["probe"] = probe_stall_capture(seed, bootstrap_port)
         except Exception as exc:
             logs = prefill.log_tail(3000)
             logs += "".join(d.log_tail(4000) for d in decodes.values())
-            raise RuntimeError(f"{exc}\n{logs}") from exc
+            raise RuntimeError(f"{exc}\n{logs}\n{STALLS.report()}") from exc
         finally:
             for sub in subs:
                 sub.close()
             for server in (*decodes.values(), prefill):
                 pids += server.stop()
         assert_all_gone(pids)
+
+    def test_a_stalled_request_is_captured(self):
+        probe = self.results["probe"]
+        # the probe never completed: the client cut it
+        self.assertIsNone(probe["answer"], probe["answer"])
+        self.assertEqual(len(probe["captures"]), 1, "one capture per stall")
+        capture = probe["captures"][0]
+
+        def check(text, why):  # the capture is long: name it, do not print it
+            self.assertTrue(text in capture, f"{text!r} not in the capture: {why}")
+
+        check("=== PD request stalled: probe, room", "its header")
+        # every process of the three servers' trees, dumped by py-spy
+        for name, pids in probe["pids"].items():
+            self.assertGreater(len(pids), 1, name)
+            for pid in pids:
+                check(f"--- {name}: threads of pid {pid} ", name)
+                check(f"Process {pid}: ", f"{name}: py-spy's dump")
+            check(f"--- {name}: /v1/loads?include=disagg ---", name)
+            check(f"--- {name}: transfer engine log (mooncake) ---", name)
+        # the mooncake threads where they wait: prefill's bootstrap and
+        # transfer threads, each decode rank's status thread (py-spy names a
+        # thread by its target)
+        for thread in ("bootstrap_thread", "transfer_worker", "decode_thread"):
+            check(f'({thread})"', "a mooncake thread")
+        check("MooncakeKVManager.transfer_worker (mooncake/conn.py:", "a frame")
+        # the transfer engine's log and the disaggregation DEBUG lines
+        check("tcp_transport.cpp", "mooncake's glog lines")
+        check("CommonKVSender init with num_kv_indices", "a DEBUG line")
 
     def test_seed_flags_select_cache_aware_and_the_generic_ones_do_not(self):
         # 0.5.23 reads --dp-size N --enable-dp-attention as attn_dp_size N
