@@ -6,8 +6,7 @@ shard group) and a tiny DeepSeek-V3.2 (MLA + DSA indexer, ``tiny-dsa``, page
 size 64) at ``--tp 2``, on CPU (gloo) with HiCache and a 1024-token device
 pool per rank, sharded (``SGLANG_ENABLE_HICACHE_RANK_SHARD=1``,
 ``..._VERIFY_EVERY=1``: every load-back checks that the group's ranks load the
-same host pages, and every load-back vote that their radix trees are alike, else
-the server stops naming the ranks) against the same server with the switch unset. The two
+same host pages) against the same server with the switch unset. The two
 servers of a model run side by side.
 
 Workloads (greedy, 400-token prompts): ``eviction`` (four prompts, more than
