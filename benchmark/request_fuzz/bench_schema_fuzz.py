@@ -66,7 +66,7 @@ def main():
             case_timeout=args.case_timeout,
             only=set(args.only) if args.only else None,
         )
-        alive = schema_fuzz._good(server.base_url, 30)[0] is not None
+        alive = schema_fuzz.good_request(server.base_url, 30)[0] is not None
     except BaseException:
         print(server.log_tail(), file=sys.stderr)
         raise

@@ -190,7 +190,9 @@ class Report:
         return table
 
 
-def _good(base_url: str, timeout: float):
+def good_request(base_url: str, timeout: float):
+    """The reference greedy ``/generate`` (``GOOD``): its output ids, or None
+    and why it failed."""
     try:
         resp = requests.post(f"{base_url}/generate", json=GOOD, timeout=timeout)
     except requests.RequestException as exc:
@@ -281,7 +283,7 @@ def _case_runner(
             elif status == 401:
                 record.outcome, record.detail = "auth", "the key was refused"
         _reset(base_url, op.path, auth, case_timeout)
-        got, err = _good(base_url, case_timeout)
+        got, err = good_request(base_url, case_timeout)
         if got is None:
             record.outcome, record.detail = "down", err
             report.stopped = f"{record.label} ({mode}): {record.request}"
@@ -324,7 +326,7 @@ def run(
     auth = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
     spec = requests.get(f"{base_url}/openapi.json", timeout=30).json()
     schema = openapi.from_dict(spec)
-    reference, err = _good(base_url, case_timeout)
+    reference, err = good_request(base_url, case_timeout)
     if reference is None:
         raise AssertionError(f"the good request is not served before the fuzz: {err}")
     report = Report()

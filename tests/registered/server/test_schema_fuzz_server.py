@@ -47,12 +47,14 @@ def _fixed_cases(server):
     """The two requests 0.5.23 answered 500, each followed by a good one."""
     auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
     out = {}
-    before = schema_fuzz._good(server.base_url, CASE_TIMEOUT_S)[0]
+    before = schema_fuzz.good_request(server.base_url, CASE_TIMEOUT_S)[0]
     bad = {"log_requests": "yes", "log_requests_level": 1000000000}
     resp = requests.post(
         f"{server.base_url}/configure_logging", json=bad, headers=auth, timeout=30
     )
-    after = [schema_fuzz._good(server.base_url, CASE_TIMEOUT_S)[0] for _ in range(3)]
+    after = [
+        schema_fuzz.good_request(server.base_url, CASE_TIMEOUT_S)[0] for _ in range(3)
+    ]
     out["configure_logging"] = dict(
         status=resp.status_code, body=resp.text, before=before, after=after
     )
