@@ -291,6 +291,20 @@ CONTROLS = (
         what="each rank of a shard group evicts for a load-back what it needs alone",
     ),
     Control(
+        name="rank-shard-tree-digest-unchecked",
+        level="full",
+        module="srt/mem_cache/hicache_rank_shard/agreement.py",
+        old="        if len(set(digests)) > 1:\n",
+        new="        if False:  # negative control: tree digests not compared\n",
+        tests=(
+            R + "unit/mem_cache/test_hicache_rank_shard.py"
+            "::TestRankShardLoadBackAgreement"
+            "::test_verified_ranks_whose_trees_parted_stop_at_the_next_vote",
+        ),
+        expected=("test_verified_ranks_whose_trees_parted_stop_at_the_next_vote",),
+        what="ranks whose radix trees parted go on loading under VERIFY_EVERY",
+    ),
+    Control(
         name="rank-shard-allocation-not-agreed",
         level="full",
         module="srt/mem_cache/hicache_rank_shard/agreement.py",
