@@ -12,7 +12,8 @@
 # WHEEL_PLATFORM (cross-target, e.g. cp312 / manylinux_2_34_aarch64), LABEL
 # (local version label), FORCE=1 (apply over unexported work), GROUP (refresh:
 # the series group new commits go to), FEATURE (pr; PR_AUTHOR="Name <email>"),
-# PYTEST_ARGS, PORT, MODEL (tiny-llama, tiny-mla, tiny-dsa) and SERVER_ARGS (serve-cpu),
+# PYTEST_ARGS, PORT, MODEL (tiny-llama, tiny-mla, tiny-dsa), L3 (none or mooncake: a
+# Mooncake store started and stopped with the server) and SERVER_ARGS (serve-cpu),
 # CONTROLS (negative-controls: cheap or all) and CONTROL (one control by name),
 # TORCH_INDEX (where pip finds torch's CPU build; empty: pip's configuration).
 
@@ -25,6 +26,7 @@ export PYTHON_TAG WHEEL_PLATFORM LABEL FORCE GROUP
 PORT ?= 30000
 SERVER_ARGS ?=
 MODEL ?= tiny-llama
+L3 ?= none
 
 .PHONY: all sysdeps fetch apply refresh wheel venv install model serve-cpu test lint pytest negative-controls check-series drift rebase rebase-continue rebase-abort series-table pr pr-check gateway-venv clean distclean
 
@@ -98,7 +100,7 @@ model: venv
 # The drop-in server from the built wheel, on CPU, in the foreground on
 # 127.0.0.1:$(PORT); Ctrl-C / SIGTERM stop it and everything it started.
 serve-cpu: install model
-	$(VENV)/bin/python scripts/cpu_server.py --port $(PORT) --model $(MODEL) -- $(SERVER_ARGS)
+	$(VENV)/bin/python scripts/cpu_server.py --port $(PORT) --model $(MODEL) --l3 $(L3) -- $(SERVER_ARGS)
 
 # This repository's code with .venv's linters, then every product file the
 # series adds or changes (build/src, applied first when stale) with upstream's.

@@ -10,6 +10,12 @@ and answers the in-flight ones; its drain loop looks every 5 s), and whatever
 is still running ``--stop-grace`` seconds later (default 30) is killed;
 nothing is left behind.
 
+``--l3 mooncake`` (``make serve-cpu L3=mooncake``) first starts a real Mooncake
+store on 127.0.0.1 (``scripts/mooncake_store.py``: a master and a segment
+client that outlives the server), adds HiCache on CPU and the store's flags
+(write-through, ``wait_complete`` prefetch) unless SERVER_ARGS set them, and
+stops the store with the server.
+
 The live-server tests take ``server_env`` and ``server_args`` from here so
 the tests and the documented command start the same server.
 """
@@ -196,9 +202,53 @@ def main(argv: list[str]) -> int:
         help="seconds the server gets to answer in-flight requests after "
         "SIGINT/SIGTERM before what is left is killed",
     )
+    parser.add_argument(
+        "--l3",
+        choices=("none", "mooncake"),
+        default="none",
+        help="mooncake: start a Mooncake store on 127.0.0.1 and use it as "
+        "the HiCache L3 (stopped with the server)",
+    )
+    parser.add_argument(
+        "--l3-segment",
+        default="1 GB",
+        help="the Mooncake store's memory segment (--l3 mooncake)",
+    )
     parser.add_argument("server_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     extra = [a for a in args.server_args if a != "--"]
+    if args.l3 == "mooncake":
+        import mooncake_store
+
+        store = mooncake_store.MooncakeStore(segment=args.l3_segment)
+        print(f"mooncake store: master {store.master_address}, logs {store.log_dir}")
+        try:
+            return serve(args, l3_args(extra, store.server_args()) + extra)
+        finally:
+            print(f"mooncake store stopped: {store.stop()}", flush=True)
+    return serve(args, extra)
+
+
+def _has(args: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def l3_args(extra: list[str], storage: list[str]) -> list[str]:
+    """HiCache on CPU plus an L3 backend's flags, each unless ``extra`` sets it."""
+    out = [] if _has(extra, "--enable-hierarchical-cache") else list(HICACHE_ARGS)
+    defaults = {
+        "--hicache-write-policy": "write_through",
+        "--hicache-storage-prefetch-policy": "wait_complete",
+    }
+    for flag, value in defaults.items():
+        if not _has(extra, flag):
+            out += [flag, value]
+    if not _has(extra, "--hicache-storage-backend"):
+        out += storage
+    return out
+
+
+def serve(args, extra: list[str]) -> int:
     model = tiny_model.ensure(tiny_model.model_dir(args.model), args.model)
     cmd = [sys.executable, "-m", "sglang.launch_server"]
     cmd += server_args(model, args.port, extra)

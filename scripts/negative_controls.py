@@ -202,10 +202,26 @@ CONTROLS = (
         new="class RankShardedMLATokenToKVPoolHost(",
         tests=(
             RANK_SHARD_MLA2
-            + "::test_sharded_pools_refuse_zero_copy_l3_page_access_by_class",
+            + "::test_sharded_pools_address_their_own_pages_for_zero_copy_l3",
         ),
-        expected=("test_sharded_pools_refuse_zero_copy_l3_page_access_by_class",),
-        what="the sharded MLA KV host pool keeps upstream's zero-copy L3 accessors",
+        expected=("test_sharded_pools_address_their_own_pages_for_zero_copy_l3",),
+        what="the sharded MLA KV host pool registers as whole-layer slabs",
+    ),
+    Control(
+        name="l3-page-meta-wrong-stride",
+        level="cheap",
+        module="srt/mem_cache/pool_host/mla.py",
+        old="                    + index * self.layer_num * self.kv_cache_dim * "
+        "self.dtype.itemsize\n",
+        new="                    + index * (self.layer_num + 1) * self.kv_cache_dim * "
+        "self.dtype.itemsize  # negative control\n",
+        tests=(
+            RANK_SHARD_MLA2
+            + "::test_sharded_pools_address_their_own_pages_for_zero_copy_l3",
+        ),
+        expected=("meta addresses another page",),
+        what="the MLA host pool's zero-copy page meta strides by one layer more "
+        "than the pool holds",
     ),
     Control(
         name="l3-shard-key-without-rank",
@@ -252,17 +268,35 @@ CONTROLS = (
         what="each L3 object a live server reads is counted twice",
     ),
     Control(
-        name="l3-shard-read-zeroed-live",
+        name="l3-mooncake-key-without-shard-live",
         level="full",
-        module="srt/mem_cache/hicache_storage.py",
-        old="                self.rank_shard.count_read(expected)\n",
-        new="                self.rank_shard.count_read(expected)\n"
-        "                target_location.zero_()  # negative control\n",
+        module="srt/mem_cache/hicache_rank_shard/storage.py",
+        old='        return f"{base}{self.key_suffix}" if base else self.key_suffix[1:]\n',
+        new="        return base  # negative control\n",
+        tests=(
+            RANK_SHARD_SERVER_DSA + "::test_l3_every_rank_stores_its_own_share_once",
+        ),
+        expected=("test_l3_every_rank_stores_its_own_share_once",),
+        what="a live rank-sharded server keys its Mooncake objects as upstream's "
+        "unsharded pages",
+    ),
+    Control(
+        name="l3-shard-read-skipped-live",
+        level="full",
+        module="srt/mem_cache/storage/mooncake_store/mooncake_store.py",
+        old="            results = self.store.batch_get_into(key_strs, buffer_ptrs, "
+        "buffer_sizes)\n",
+        new="            results = (  # negative control: a shard get reads nothing\n"
+        "                list(buffer_sizes) if self.rank_shard is not None\n"
+        "                else self.store.batch_get_into(key_strs, buffer_ptrs, "
+        "buffer_sizes)\n"
+        "            )\n",
         tests=(
             RANK_SHARD_SERVER_DSA + "::test_l3_restart_serves_revisits_from_storage",
         ),
         expected=("Lists differ",),
-        what="a rank-sharded server's L3 reads land as zeros in its host tier",
+        what="a rank-sharded server's Mooncake gets report success and read "
+        "nothing into its host tier",
     ),
     Control(
         name="rank-shard-load-back-not-agreed",

@@ -30,6 +30,7 @@ from harness.live_server import (
     process_roles,
     wait_gone,
 )
+from harness.metrics import scrape
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -44,15 +45,23 @@ def readme_example() -> dict:
     return json.loads(match.group(1))
 
 
-def readme_rank_shard_command() -> tuple[dict, str, list[str]]:
-    """(environment, MODEL, SERVER_ARGS) of the README's rank-shard command."""
+def readme_rank_shard_command() -> tuple[dict, str, str, list[str]]:
+    """(environment, MODEL, L3, SERVER_ARGS) of the README's rank-shard command."""
     text = (ROOT / "README.md").read_text().replace("\\\n", " ")
     match = re.search(
-        r"^(\w+=\S+) make serve-cpu MODEL=(\S+) SERVER_ARGS=\"([^\"]*)\"", text, re.M
+        r"^(\w+=\S+) make serve-cpu MODEL=(\S+) (?:L3=(\S+) )?"
+        r"SERVER_ARGS=\"([^\"]*)\"",
+        text,
+        re.M,
     )
     assert match, "README has no rank-shard serve-cpu command"
     name, _, value = match.group(1).partition("=")
-    return {name: value}, match.group(2), match.group(3).split()
+    return (
+        {name: value},
+        match.group(2),
+        match.group(3) or "none",
+        match.group(4).split(),
+    )
 
 
 class TestServeCpu(unittest.TestCase):
@@ -65,7 +74,9 @@ class TestServeCpu(unittest.TestCase):
             check=True,
         ).stdout
         self.assertIn(
-            "scripts/cpu_server.py --port 31234 --model tiny-llama -- --dp-size 2", out
+            "scripts/cpu_server.py --port 31234 --model tiny-llama --l3 none -- "
+            "--dp-size 2",
+            out,
         )
 
     def test_scheduler_death_then_the_readme_server_on_its_port(self):
@@ -109,8 +120,9 @@ class TestServeCpu(unittest.TestCase):
         self.assertTrue(released["free"], released)
 
     def readme_server_and_sigterm(self, port):
-        env, model, args = readme_rank_shard_command()
-        proc = serve(port, model, args, env)
+        env, model, l3, args = readme_rank_shard_command()
+        self.assertEqual(l3, "mooncake")
+        proc = serve(port, model, args, env, l3=l3)
         tree = []
         try:
             wait_healthy(proc, port, START_TIMEOUT_S[2])
@@ -131,12 +143,18 @@ class TestServeCpu(unittest.TestCase):
             self.assertEqual(demo.returncode, 0, demo.stdout + demo.stderr)
             # 400-token prompt, DSA pages of 64: 6 whole pages from the host
             self.assertRegex(
-                demo.stdout, r"revisit: \d+ tokens, cached \{'device': 0, 'host': 384\}"
+                demo.stdout, r"revisit: \d+ tokens, cached \{'device': 0, 'host': 384"
             )
+            # and every page of the demo's prompts went to the Mooncake store,
+            # each rank its own shard objects (hicache-rank-shard 0014)
+            written = l3_written(port)
+            self.assertEqual(sorted(written), [0, 1], written)
+            self.assertTrue(all(written.values()), written)
             tree = [proc.pid] + [
                 c.pid for c in psutil.Process(proc.pid).children(recursive=True)
             ]
             self.assertGreaterEqual(len(tree), 3)  # wrapper, launcher, workers
+            cmdlines = [" ".join(psutil.Process(p).cmdline()) for p in tree]
             # Requests still generating when SIGTERM arrives: each is answered
             # in full or cut at the grace, none hangs.
             streams = Streams(f"http://127.0.0.1:{port}", 8, SIGTERM_TOKENS)
@@ -168,6 +186,11 @@ class TestServeCpu(unittest.TestCase):
         # The launcher drains for at most its grace, then the rest is killed.
         self.assertLess(stopped_s, SERVE_STOP_GRACE_S + 15, output[-3000:])
         self.assertEqual(wait_gone(tree, 30), [], "left behind after SIGTERM")
+        # the store was started with the server and stopped after it
+        self.assertIn("Mooncake store setup successfully", output)
+        self.assertIn("mooncake store stopped: {'held_ports': []}", output)
+        for part in ("mooncake_master", "mooncake_client"):
+            self.assertTrue(any(part in c for c in cmdlines), (part, cmdlines))
 
 
 # 8 streams at once in the README server's 1024-token pool of 64-token DSA
@@ -178,12 +201,23 @@ FAULT_TOKENS = 1000  # 8 of them fit the default 16384-token pool per DP rank
 SERVE_STOP_GRACE_S = cpu_server.SERVE_STOP_GRACE_S  # its default --stop-grace
 
 
-def serve(port, model, args, env=None):
+def l3_written(port) -> dict:
+    """TP rank -> bytes its rank-sharded L3 objects took (written)."""
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+    series = scrape(text, "sglang:hicache_rank_shard_l3_bytes_total")
+    return {
+        int(dict(labels)["tp_rank"]): value
+        for labels, value in series.items()
+        if dict(labels)["direction"] == "written"
+    }
+
+
+def serve(port, model, args, env=None, l3="none"):
     """``make serve-cpu`` (scripts/cpu_server.py) in its own process group,
     like a terminal job."""
     return subprocess.Popen(
         [sys.executable, "scripts/cpu_server.py", "--port", str(port)]
-        + ["--model", model, "--", *args],
+        + ["--model", model, "--l3", l3, "--", *args],
         cwd=ROOT,
         env=dict(os.environ, **(env or {})),
         stdout=subprocess.PIPE,

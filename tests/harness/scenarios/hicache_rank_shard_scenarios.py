@@ -79,11 +79,15 @@ def disable_exchange(cc) -> None:
 
 
 def _l3_page_access(controller, *host_pools) -> dict | None:
-    """Which zero-copy L3 page accessors each host pool of a sharded stack
-    refuses (by name of the pool's class), whether its flat-page accessors
-    work (they address the pool's own layers: its L3 shard), and whether
-    attaching a zero-copy storage backend (mooncake) is refused; None on an
-    unsharded stack, whose accessors are left alone."""
+    """Per host pool of a sharded stack (by its class name): which accessors
+    it refuses (those that describe it as whole-layer slabs), whether its
+    flat page and its zero-copy page buffer meta (Mooncake's puts and gets)
+    address the same bytes, its own layers' page (a random page written
+    through the flat accessor and read back through the meta's pointers), and
+    whether attaching a storage backend the tier does not cover is refused."""
+    import ctypes
+
+    import torch
     from sglang.srt.mem_cache.hicache_rank_shard.host_pools import L3_PAGE_ACCESSORS
 
     pools = {}
@@ -96,18 +100,32 @@ def _l3_page_access(controller, *host_pools) -> dict | None:
                 continue
             has.append(name)
             try:
-                getattr(pool, name)(0)
+                getattr(pool, name)()
             except AssertionError as e:
                 if "rank-sharded" in str(e):
                     refused.append(name)
-            except Exception:  # an upstream accessor given a bare index
-                pass
-        page = pool.get_data_page(0, flat=True)
-        flat = page.numel() == pool.get_dummy_flat_data_page().numel()
-        pool.set_from_flat_data_page(0, page.clone())
-        pools[type(pool).__name__] = dict(has=has, refused=refused, flat=flat)
+        page_index = pool.page_size  # the second page: a non-zero offset
+        dummy = pool.get_dummy_flat_data_page()
+        written = torch.randint(0, 255, (dummy.numel() * dummy.element_size(),))
+        written = written.to(torch.uint8).view(dummy.dtype)
+        pool.set_from_flat_data_page(page_index, written)
+        page = pool.get_data_page(page_index, flat=True)
+        ptrs, sizes = pool.get_page_buffer_meta(
+            torch.arange(page_index, page_index + pool.page_size)
+        )
+        meta = b"".join(ctypes.string_at(p, n) for p, n in zip(ptrs, sizes))
+        pools[type(pool).__name__] = dict(
+            has=has,
+            refused=refused,
+            flat=page.numel() == dummy.numel(),
+            flat_bytes=written.view(torch.uint8).numpy().tobytes()
+            == page.view(torch.uint8).numpy().tobytes(),
+            meta_is_page=meta == page.contiguous().view(torch.uint8).numpy().tobytes(),
+            meta_bytes=sum(sizes),
+            page_bytes=page.numel() * page.element_size(),
+        )
     try:
-        controller.attach_storage_backend("mooncake")
+        controller.attach_storage_backend("nixl")
         attach = None
     except ValueError as e:
         attach = str(e)

@@ -46,19 +46,24 @@ rank each (``--nnodes 2``), its shard rank 1 refusing every second load-back
 revisit is a miss on both ranks (it loses exactly its host hits), logged once
 naming rank 1, and each rank logs its layers across the two nodes.
 
-L3: both servers of a pair write every page through to a ``file`` directory of
-their own (``--hicache-storage-backend file --hicache-write-policy write_through
---enable-metrics``, prefetch threshold out of reach, so the checks above see the
-host tier alone). Checks: every sharded rank's objects hold half of the
-replicated server's object of the page (its 2 of 4 layers), both shards of every
-page and nothing else are on disk, and each rank's written-bytes counter
-(``sglang:hicache_rank_shard_l3_bytes_total``) equals its objects. Then both
-servers are restarted side by side on their directories at ``--tp 2`` (threshold
-256, ``wait_complete``; the MLA pair wrote under DP attention, and a shard key
-names the shard group's size, 2 either way) and revisit the eviction workload's
-first four prompts from storage. Before the last one the KV object of one of
-its pages is deleted: on the sharded server rank 1's shard only, on the
-replicated one the whole page. Checks: the same bytes in every prefix row
+L3: both servers of a pair write every page through to one real Mooncake store
+(``harness.mooncake_l3``: a ``mooncake_master`` and a standalone
+``mooncake_client`` holding the segment, on 127.0.0.1; ``--hicache-storage-backend
+mooncake --hicache-write-policy write_through --enable-metrics``, prefetch
+threshold out of reach, so the checks above see the host tier alone). The two
+servers share the store: a shard key names its shard, so neither server can
+read the other's objects. Checks (the store's own view: the master's keys and
+object sizes): every sharded rank's objects hold half of the replicated
+server's object of the page (its 2 of 4 layers), both shards of every page are
+stored and no shard object has any other name, and each rank's written-bytes
+counter (``sglang:hicache_rank_shard_l3_bytes_total``) equals the sizes of its
+objects. Then both servers are restarted side by side on the store at ``--tp
+2`` (fresh instances: what the first ones put lives in the client's segment;
+threshold 256, ``wait_complete``; the MLA pair wrote under DP attention, and a
+shard key names the shard group's size, 2 either way) and revisit the eviction
+workload's first four prompts from Mooncake. Before the last one the KV object
+of one of its pages is removed from the store: on the sharded server rank 1's
+shard only, on the replicated one the whole page. Checks: the same bytes in every prefix row
 attention reads on both (the load record), the same cached tokens, details and
 outputs (a prefix from L3 against a prefix from L3: a fresh prefill may differ
 from a cached prefix in a greedy token), the sharded ranks both stop at the
@@ -75,8 +80,6 @@ index-K tier instead.
 """
 
 import concurrent.futures
-import json
-import os
 import random
 import re
 import shutil
@@ -87,7 +90,7 @@ from pathlib import Path
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from harness import load_record
+from harness import load_record, mooncake_l3
 from harness.faults import kill_during_streams
 from harness.greedy_ties import TOP2, assert_same_greedy, top2_of, without_top2
 from harness.live_server import (
@@ -156,20 +159,15 @@ NEW_TOKENS = 4
 FAULT_SERVER = ("tiny-mla", "replicated")  # hosts the TP rank kill at its end
 FAULT_BOUND_S = 60.0  # kill to every client answered and the tree gone
 FAULT_TOKENS = 96  # 8 streams of ~100 tokens fit the 1024-token device pool
-# L3: both servers of a pair write every page through to a `file` directory of
-# their own; in that run nothing is prefetched (the threshold is out of reach),
-# so the checks above see the host tier alone. The sharded server is then
-# restarted alone on its directory (the default 256-token threshold) and
-# revisits the eviction workload's four prompts.
-L3_ARGS = ["--hicache-storage-backend", "file", "--hicache-write-policy"]
-L3_ARGS += ["write_through", "--hicache-storage-prefetch-policy", "wait_complete"]
-L3_ARGS += ["--enable-metrics"]
-WRITE_ONLY = ["--hicache-storage-backend-extra-config"]
-WRITE_ONLY += [json.dumps({"prefetch_threshold": 1 << 30})]
-STORAGE_DIR_ENV = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"
-L3_METRIC = "sglang:hicache_rank_shard_l3_bytes_total"
-SHARD_FILE = re.compile(r"^([0-9a-f]{64})(\.indexer)?_.*_rankshard-rr-tp2-r(\d)\.bin$")
-REPLICATED_FILE = re.compile(r"^([0-9a-f]{64})(\.indexer)?_[^_]*\.bin$")
+# L3: both servers of a pair write every page through to one Mooncake store;
+# in that run nothing is prefetched (the threshold is out of reach), so the
+# checks above see the host tier alone. Both are then restarted on the store
+# (the default 256-token threshold) and revisit the eviction workload's four
+# prompts.
+L3_ARGS = ["--hicache-write-policy", "write_through"]
+L3_ARGS += ["--hicache-storage-prefetch-policy", "wait_complete", "--enable-metrics"]
+WRITE_ONLY = dict(prefetch_threshold=1 << 30)
+STORE_SEGMENT = "256 MB"  # a pair's pages are a few MB
 # rank 1's KV shard of the page that ends here is deleted before the restart's
 # last revisit: both ranks prefetch the pages before it (at least the 256-token
 # prefetch threshold), none after
@@ -268,55 +266,14 @@ def workload(server, model, record_dir, corrupt):
     return out
 
 
-def shard_files(storage_dir) -> dict:
-    """Rank -> {file name: size} of the rank-sharded objects in a directory."""
-    out = {0: {}, 1: {}}
-    for name in os.listdir(storage_dir):
-        m = SHARD_FILE.match(name)
-        if m:
-            out[int(m.group(3))][name] = os.path.getsize(Path(storage_dir) / name)
-    return out
-
-
-def l3_counters(server) -> dict:
-    """(tp_rank, direction) -> bytes, from the server's /metrics."""
-    text = server.get("/metrics").text
-    out = {}
-    for line in text.splitlines():
-        if line.startswith(L3_METRIC + "{"):
-            labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
-            out[(int(labels["tp_rank"]), labels["direction"])] = int(
-                float(line.rsplit(" ", 1)[1])
-            )
-    return out
-
-
-def l3_settled(server, storage_dir, timeout=60.0, base=None) -> dict:
-    """Waits until every rank's written-bytes counter covers its shard files
-    on disk beyond ``base`` (rank -> bytes already there), i.e. the backups of
-    the workload have landed, at most ``timeout``; returns the last counters
-    and files either way."""
-    deadline = time.monotonic() + timeout
-    while True:
-        counters, files = l3_counters(server), shard_files(storage_dir)
-        grown = {r: sum(f.values()) - (base or {}).get(r, 0) for r, f in files.items()}
-        if all(counters.get((r, "written")) == grown[r] for r in (0, 1)):
-            break
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    return dict(counters=counters, files=files)
-
-
-def serve(model, name, env, storage_dir=None):
+def serve(model, name, env, store=None):
     record_dir = ""
     if name != "refusing":
         record_dir = tempfile.mkdtemp(prefix=f"load-record-{model}-{name}-")
         env = dict(env, **{load_record.ENV: record_dir})
     args = LAUNCH[model] + ARGS
-    if storage_dir:
-        env = dict(env, **{STORAGE_DIR_ENV: storage_dir})
-        args += L3_ARGS + WRITE_ONLY
+    if store is not None:
+        args += L3_ARGS + store.server_args(**WRITE_ONLY)
     t0 = time.monotonic()
     nodes = 2 if name == "refusing" else 1  # one launcher per TP rank
     server = LiveServer(
@@ -331,7 +288,7 @@ def serve(model, name, env, storage_dir=None):
     try:
         out = workload(server, model, record_dir, corrupt=name == "sharded")
         if name == "sharded":
-            out["l3"] = l3_settled(server, storage_dir)
+            out["l3"] = mooncake_l3.settled(server, store)
         if (model, name) == FAULT_SERVER:
             # End of life: TP rank 1's scheduler killed under 8 streams.
             roles = server.roles()
@@ -353,48 +310,45 @@ def serve(model, name, env, storage_dir=None):
     return out
 
 
-def restart(model, name, storage_dir):
-    """A server of the pair again, on its first run's directory: it revisits
-    the eviction workload's first four prompts from L3. Before the last one,
-    the KV object of its page ending at DELETED_AT is deleted: on the sharded
+def restart(model, name, store):
+    """A fresh server of the pair on the same store: it revisits the eviction
+    workload's first four prompts from L3. Before the last one, the KV object
+    of its page ending at DELETED_AT is removed from the store: on the sharded
     server rank 1's shard only, on the replicated one the whole page."""
     from sglang.srt.mem_cache.utils import get_storage_hash_str
 
     texts = prompts(23, 4, 2)[:4]
     sharded = name == "sharded"
     record_dir = tempfile.mkdtemp(prefix=f"load-record-{model}-{name}-restart-")
-    env = dict(SHARDED if sharded else REPLICATED, **{STORAGE_DIR_ENV: storage_dir})
+    env = dict(SHARDED if sharded else REPLICATED)
     env[load_record.ENV] = record_dir
-    settled = l3_settled if sharded else lambda *a, **k: {}
+    settled = mooncake_l3.settled if sharded else lambda *a, **k: {}
     t0 = time.monotonic()
     server = LiveServer(
         "patched",
-        RESTART_LAUNCH + ARGS + L3_ARGS,
+        RESTART_LAUNCH + ARGS + L3_ARGS + store.server_args(),
         env=env,
         name=f"{model}-{name}-restart",
         model=model,
     )
     t1 = time.monotonic()
     try:
-        out = dict(before=settled(server, storage_dir, timeout=0))
+        out = dict(before=settled(server, store, timeout=0))
         out["revisits"] = [one(server, t) for t in texts[:-1]]
         ids = server.post_raw("/tokenize", {"prompt": texts[-1]}).json()["tokens"]
         page = PAGE[model]
         hashes = get_storage_hash_str(ids, None, page_size=page)
         doomed = DELETED_AT[model] // page  # the page after the last kept one
+        kv = mooncake_l3.page_objects(store.keys(), hashes[doomed], kind="k")
         out["deleted"] = [
-            n
-            for n in os.listdir(storage_dir)
-            if n.startswith(hashes[doomed] + "_")
-            and (n.endswith("-r1.bin") or not sharded)
+            k for k in kv if mooncake_l3.shard_of(k) == (1 if sharded else None)
         ]
-        for n in out["deleted"]:
-            os.remove(Path(storage_dir) / n)
-        out["start"] = settled(server, storage_dir, timeout=0)
+        out["removed"] = store.remove(out["deleted"])
+        out["start"] = settled(server, store, timeout=0)
         out["revisits"].append(one(server, texts[-1]))
         if sharded:
-            base = {r: sum(f.values()) for r, f in out["start"]["files"].items()}
-            out["end"] = l3_settled(server, storage_dir, base=base)
+            base = {r: sum(f.values()) for r, f in out["start"]["objects"].items()}
+            out["end"] = mooncake_l3.settled(server, store, base=base)
         out["errors"] = server.log_text().count("HiCache rank shard verify")
     except Exception as exc:
         raise RuntimeError(
@@ -409,20 +363,22 @@ def restart(model, name, storage_dir):
     return out
 
 
-def run_pair(model, storage):
+def run_pair(model, store):
     servers = dict(sharded=SHARDED, replicated=REPLICATED)
     if model == REFUSING_MODEL:
         servers["refusing"] = REFUSING
+    l3 = ("sharded", "replicated")  # the refusing server has no L3
     with concurrent.futures.ThreadPoolExecutor(len(servers)) as pool:
         runs = {
-            k: pool.submit(serve, model, k, env, storage.get(k))
+            k: pool.submit(serve, model, k, env, store if k in l3 else None)
             for k, env in servers.items()
         }
         out = {k: run.result() for k, run in runs.items()}
+        out["store_after_first"] = mooncake_l3.objects(store)
         # both restarted side by side: a prefix from L3 is compared with a
         # prefix from L3 (a cached prefix and a fresh prefill may differ in
         # the last bits, and so in a greedy token, on either server)
-        restarts = {k: pool.submit(restart, model, k, storage[k]) for k in storage}
+        restarts = {k: pool.submit(restart, model, k, store) for k in l3}
         out.update({f"restart_{k}": run.result() for k, run in restarts.items()})
     return out
 
@@ -446,15 +402,16 @@ class RankShardServerChecks:
 
     @classmethod
     def setUpClass(cls):
-        cls.storage = {
-            name: tempfile.mkdtemp(prefix=f"hicache-l3-{cls.MODEL}-{name}-")
-            for name in ("sharded", "replicated")
-        }
-        for d in cls.storage.values():
-            cls.addClassCleanup(shutil.rmtree, d, ignore_errors=True)
-        cls.runs = run_pair(cls.MODEL, cls.storage)
+        cls.store = mooncake_l3.MooncakeStore(segment=STORE_SEGMENT)
+        cls.addClassCleanup(cls.stop_store)
+        cls.runs = run_pair(cls.MODEL, cls.store)
         seconds = [cls.runs[name]["seconds"] for name in ("sharded", "replicated")]
         print(f"{cls.MODEL} seconds (sharded / replicated): {seconds}")
+
+    @classmethod
+    def stop_store(cls):
+        held = cls.store.stop()["held_ports"]
+        assert not held, f"the Mooncake store's ports still held: {held}"
 
     def aligned(self, tokens):
         return tokens // PAGE[self.MODEL] * PAGE[self.MODEL]
@@ -538,44 +495,40 @@ class RankShardServerChecks:
 
     # ------------------------------------------------------------------ L3
     def shard_bytes(self) -> dict:
-        """One page of a rank's shard object, per kind (KV, DSA indexer), from
-        the geometry: upstream's object of the page (the replicated server's,
-        every layer) holds LAYERS layers, each rank owns LAYERS / SHARD of them
-        (test_every_rank_owns_its_layers); no draft layers are packed."""
+        """One page of a rank's shard object, per kind (KV ``k``, DSA
+        ``indexer``), from the geometry: upstream's object of the page (the
+        replicated server's, every layer) holds LAYERS layers, each rank owns
+        LAYERS / SHARD of them (test_every_rank_owns_its_layers); no draft
+        layers are packed."""
         full = {}
-        for n in os.listdir(self.storage["replicated"]):
-            m = REPLICATED_FILE.match(n)
-            if m:
-                full[bool(m.group(2))] = os.path.getsize(
-                    Path(self.storage["replicated"]) / n
-                )
-        self.assertEqual(
-            set(full), {False, True} if self.MODEL == "tiny-dsa" else {False}
-        )
-        return {kind: size * (LAYERS // SHARD) // LAYERS for kind, size in full.items()}
+        for key, size in self.runs["store_after_first"]["replicated"].items():
+            full.setdefault(mooncake_l3.kind_of(key), set()).add(size)
+        kinds = {"k", "indexer"} if self.MODEL == "tiny-dsa" else {"k"}
+        self.assertEqual(set(full), kinds)
+        self.assertTrue(all(len(sizes) == 1 for sizes in full.values()), full)
+        return {
+            kind: sizes.pop() * (LAYERS // SHARD) // LAYERS
+            for kind, sizes in full.items()
+        }
 
     def test_l3_every_rank_stores_its_own_share_once(self):
         share = self.shard_bytes()
         l3 = self.runs["sharded"]["l3"]
         pages = []
         for rank in (0, 1):
-            files = l3["files"][rank]
-            self.assertTrue(files, rank)
-            for name, size in files.items():
-                indexer = SHARD_FILE.match(name).group(2) is not None
-                self.assertEqual(size, share[indexer], name)
-            pages.append({SHARD_FILE.match(n).group(1, 2) for n in files})
+            objects = l3["objects"][rank]
+            self.assertTrue(objects, rank)
+            for key, size in objects.items():
+                self.assertEqual(size, share[mooncake_l3.kind_of(key)], key)
+            pages.append({mooncake_l3.page_of(k) for k in objects})
             # the counter: this rank's objects, each written once
-            self.assertEqual(l3["counters"].get((rank, "written")), sum(files.values()))
+            written = l3["counters"].get((rank, "written"))
+            self.assertEqual(written, sum(objects.values()), rank)
             self.assertEqual(l3["counters"].get((rank, "read")), 0)  # no prefetch yet
-        # every page has both ranks' shards and nothing else: stored once
+        # every page has both ranks' shards, each stored once, and every key
+        # in the store is a shard object, an unsharded one or a warmup
         self.assertEqual(pages[0], pages[1])
-        others = [
-            n
-            for n in os.listdir(self.storage["sharded"])
-            if n.endswith(".bin") and not SHARD_FILE.match(n)
-        ]
-        self.assertEqual(others, [])
+        self.assertEqual(self.runs["store_after_first"]["other"], [])
 
     def test_l3_restart_serves_revisits_from_storage(self):
         share = self.shard_bytes()
@@ -596,10 +549,11 @@ class RankShardServerChecks:
         for r in rs["revisits"][:-1]:
             self.assertGreater(r["details"].get("storage", 0), 0, r)
             self.assertGreaterEqual(r["cached"], self.aligned(PROMPT_WORDS) - 8, r)
-        # rank 1's shard of one page deleted: a miss from that page on, on
+        # rank 1's shard of one page removed: a miss from that page on, on
         # both ranks (each read only the pages before it, below)
         self.assertEqual(len(rs["deleted"]), 1, rs["deleted"])
         self.assertEqual(len(theirs["deleted"]), 1, theirs["deleted"])
+        self.assertEqual(rs["removed"] + theirs["removed"], [0, 0])
         last = rs["revisits"][-1]
         self.assertGreater(last["details"].get("storage", 0), 0, last)
         self.assertEqual(last["cached"], DELETED_AT[self.MODEL], last)
@@ -613,9 +567,9 @@ class RankShardServerChecks:
                 rank,
             )
             # and wrote only what it found missing: rank 1 its deleted shard
-            before = rs["before"]["files"][rank]
+            before = rs["before"]["objects"][rank]
             gone = sum(before[n] for n in rs["deleted"] if n in before)
-            grown = sum(rs["end"]["files"][rank].values()) - sum(before.values())
+            grown = sum(rs["end"]["objects"][rank].values()) - sum(before.values())
             written = rs["end"]["counters"].get((rank, "written"))
             self.assertEqual(written, grown + gone, rank)
         self.assertEqual(rs["errors"], 0)
