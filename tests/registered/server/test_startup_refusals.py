@@ -7,7 +7,9 @@ resolution, before the scheduler is spawned), and no process of that launch
 left behind.
 """
 
+import json
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -24,6 +26,17 @@ FEATURE_GROUP = "series"  # the series group it tests (or "series")
 
 # A refusal needs only the launcher's imports (tens of seconds on 2 busy cores).
 REFUSAL_TIMEOUT_S = 180
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# A Mooncake master address nothing listens on (0.5.23: each scheduler's setup
+# retries ~100 s, then dies with "error code: -1").
+NO_MASTER = f"127.0.0.1:{closed_port()}"
 CASES = {
     "decode_flag_on_non_decode_server": (
         ["--disaggregation-decode-enable-hicache"],
@@ -40,6 +53,14 @@ CASES = {
         HICACHE_ARGS,
         {"SGLANG_ENABLE_HICACHE_RANK_SHARD": "abc"},
         ["SGLANG_ENABLE_HICACHE_RANK_SHARD", "abc", "accepted"],
+    ),
+    "mooncake_master_nobody_listens_on": (
+        HICACHE_ARGS
+        + ["--hicache-storage-backend", "mooncake"]
+        + ["--hicache-storage-backend-extra-config"]
+        + [json.dumps({"master_server_address": NO_MASTER, "protocol": "tcp"})],
+        {},
+        ["master_server_address", NO_MASTER],
     ),
     "rank_shard_knob_not_an_integer": (
         HICACHE_ARGS,
