@@ -4,14 +4,18 @@
     python scripts/pytest_lanes.py [--tests DIR] [PYTEST_ARGS...]
 
 The ``live`` lane holds the files that keep every core busy on their own: the
-live servers (``registered/server``), the cheap negative controls and the
-serve-cpu demo. The ``unit`` lane holds everything else: unit tests, gloo rank
-runs and the tooling tests, which mostly wait on git, make and one interpreter
-at a time (about half of two cores), and ``make pr-check`` of the four groups
-(its jobs share the cores' slots across processes, ``PR_CHECK_SLOTS``): in the
-live lane it was the longest stretch of a lane that already set the wall time.
-Run one after the other, the unit lane's idle half is lost; run beside the
-live lane, it fills it. Every test file is in exactly one lane.
+live servers (``registered/server``), ``make pr-check`` of the four groups,
+the cheap negative controls and the serve-cpu demo. The ``unit`` lane holds
+everything else: unit tests, gloo rank runs and the tooling tests, which
+mostly wait on git, make and one interpreter at a time (about half of two
+cores). Run one after the other, the unit lane's idle half is lost; run
+beside the live lane, it fills it. Every test file is in exactly one lane.
+
+``make pr-check`` stays in the live lane although it is its longest stretch:
+its warm interpreters hold sglang imported, and beside a live lane's servers
+they can push the machine's available memory under the 10 GB that upstream's
+host-pool check keeps free (``pool_host/base.py``), which refuses a live
+server's start ("Not enough host memory available").
 
 The live lane's output streams; the unit lane's is printed when both have
 ended (pytest's progress lines would interleave). Exits 1 when a lane failed
@@ -34,6 +38,7 @@ from common import ROOT, run_main
 # Paths under the tests folder (a folder or a file) run by the live lane.
 LIVE = (
     "registered/server",
+    "tooling/test_pr_check.py",
     "tooling/test_negative_controls.py",
     "tooling/test_serve_cpu.py",
 )
