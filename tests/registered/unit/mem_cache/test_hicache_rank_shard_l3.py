@@ -215,17 +215,24 @@ class TestRankShardL3Activation(unittest.TestCase):
 
 
 class TestRankShardL3NegativeControls(L3ShardChecks, unittest.TestCase):
+    """Each broken variant runs to its end outside ``assertRaises`` (a rank
+    that fails, even by an assertion, fails the test); only the check may
+    raise the AssertionError it expects."""
+
     def test_every_rank_writing_rank_0s_key_is_caught(self):
+        results = run_l3("dsa", "same_key")
         with self.assertRaises(AssertionError):
-            self.check_writes(run_l3("dsa", "same_key"), "dsa")
+            self.check_writes(results, "dsa")
 
     def test_counting_each_write_twice_is_caught(self):
+        results = run_l3("dsa", "double_count")
         with self.assertRaises(AssertionError):
-            self.check_writes(run_l3("dsa", "double_count"), "dsa")
+            self.check_writes(results, "dsa")
 
     def test_hits_without_the_group_min_are_caught(self):
+        results = run_l3("dsa", "local_hits")
         with self.assertRaises(AssertionError):
-            self.check_reads(run_l3("dsa", "local_hits"))
+            self.check_reads(results)
 
 
 if __name__ == "__main__":
