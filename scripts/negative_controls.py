@@ -595,6 +595,17 @@ CONTROLS = (
         "the burst's second request follows the first by its match",
     ),
     Control(
+        name="dp-scheduler-death-controller-signals-itself",
+        level="full",  # a unit test, kept out of CI's cheap set for time (28 s)
+        module="srt/managers/data_parallel_controller.py",
+        old="                notify_pid=parent_process.pid,\n",
+        new="                notify_pid=None,  # negative control: it signals itself\n",
+        tests=(R + "unit/managers/test_dp_scheduler_death.py",),
+        expected=("did not tell its launcher",),
+        what="the DP controller's scheduler watchdog sends SIGQUIT to the "
+        "controller, not its launcher (fixes/0011 without its notify_pid)",
+    ),
+    Control(
         name="prefill-drops-early-decode-abort-live",
         level="full",
         module="srt/disaggregation/mooncake/conn.py",

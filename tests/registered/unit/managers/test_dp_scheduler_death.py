@@ -10,13 +10,16 @@ routed there, waits forever, and the server never exits. Here the real
 ``run_data_parallel_controller_process`` runs in a process of its own (this
 test is its launcher) with scheduler stand-ins; one stand-in is killed and the
 controller must send its launcher SIGQUIT, as a scheduler that raises does,
-which makes the launcher stop the whole tree.
+which makes the launcher stop the whole tree. The launcher is a helper child
+of the test process: the SIGQUIT never reaches pytest.
 """
 
+import ctypes
 import multiprocessing
 import os
 import signal
 import time
+import traceback
 import unittest
 
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -61,20 +64,63 @@ def _pids(pid):
         return []
 
 
-class TestDpSchedulerDeath(unittest.TestCase):
-    def setUp(self):
-        # SIGQUIT is what the controller sends; blocked here and taken with
-        # sigtimedwait, so a stray one cannot end the test process.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGQUIT})
-        self.addCleanup(signal.pthread_sigmask, signal.SIG_UNBLOCK, {signal.SIGQUIT})
-        self.addCleanup(self._drain_sigquit)
+def _stop_tree(proc):
+    tree = _pids(proc.pid)
+    proc.kill()  # the parent first: a watchdog goes with it
+    proc.join(30)
+    _kill(tree)
 
-    @staticmethod
-    def _drain_sigquit():
-        while signal.sigtimedwait({signal.SIGQUIT}, 0) is not None:
+
+def _kill(pids):
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
             pass
 
+
+def _launcher(conn, server_args, port_args):
+    """The launcher: a helper child of the test process, never the test
+    process itself, so that no SIGQUIT reaches pytest. It blocks SIGQUIT and
+    takes it with sigtimedwait, starts the controller as its child, and
+    answers the test's ``("wait", seconds)`` with the SIGQUIT it got (its
+    sender) or None, until ``("stop", None)``."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGQUIT})
+    try:  # gone with the test process
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    ctx = multiprocessing.get_context("fork")
+    reader, writer = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_controller, args=(server_args, port_args, writer))
+    try:
+        proc.start()
+        if not reader.poll(READY_TIMEOUT_S):
+            conn.send(("not ready", proc.pid, None))
+        else:
+            conn.send(("ready", proc.pid, reader.recv()))
+        while True:
+            cmd, seconds = conn.recv()
+            if cmd == "stop":
+                break
+            got = signal.sigtimedwait({signal.SIGQUIT}, seconds)
+            conn.send(
+                None
+                if got is None
+                else dict(si_pid=got.si_pid, controller_alive=proc.is_alive())
+            )
+    except BaseException:
+        conn.send(("error", None, traceback.format_exc()))
+    finally:
+        if proc.pid is not None:
+            _stop_tree(proc)
+        conn.send("stopped")
+
+
+class TestDpSchedulerDeath(unittest.TestCase):
     def _start_controller(self):
+        """The controller under a helper launcher; (its pid, the scheduler
+        pids, the launcher's end of the pipe)."""
         from sglang.srt.arg_groups.serving_hook import handle_load_balance_method
         from sglang.srt.managers.data_parallel_controller import SCHEDULER_PIDS_ARG
         from sglang.srt.server_args import PortArgs, ServerArgs
@@ -83,42 +129,55 @@ class TestDpSchedulerDeath(unittest.TestCase):
         handle_load_balance_method(server_args)
         port_args = PortArgs.init_new(server_args)
         ctx = multiprocessing.get_context("fork")
-        reader, writer = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_controller, args=(server_args, port_args, writer))
-        proc.start()
-        self.addCleanup(self._stop, proc)
-        self.assertTrue(reader.poll(READY_TIMEOUT_S), "the controller never got ready")
-        info = reader.recv()
+        conn, child = ctx.Pipe()
+        launcher = ctx.Process(target=_launcher, args=(child, server_args, port_args))
+        launcher.start()
+        self.addCleanup(_stop_tree, launcher)
+        self.addCleanup(self._stop, conn)
+        self.assertTrue(conn.poll(READY_TIMEOUT_S + 30), "the launcher never answered")
+        status, controller, info = conn.recv()
+        if status == "error":
+            raise RuntimeError(f"the launcher failed:\n{info}")
+        self.assertEqual(status, "ready", "the controller never got ready")
         self.assertEqual(info["status"], "ready", info)
-        return proc, info[SCHEDULER_PIDS_ARG]
+        # by pid: the controller and its schedulers are not this process's
+        # children
+        self.addCleanup(_kill, [controller, *info[SCHEDULER_PIDS_ARG]])
+        return controller, info[SCHEDULER_PIDS_ARG], conn
 
     @staticmethod
-    def _stop(proc):
-        tree = _pids(proc.pid)
-        proc.kill()  # the controller first: its watchdog goes with it
-        proc.join(30)
-        for pid in tree:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
+    def _stop(conn):
+        try:
+            conn.send(("stop", None))
+            while conn.poll(30) and conn.recv() != "stopped":
                 pass
+        except (OSError, EOFError):
+            pass
+
+    @staticmethod
+    def _sigquit(conn, seconds):
+        """The SIGQUIT the launcher got within ``seconds``, or None."""
+        conn.send(("wait", seconds))
+        if not conn.poll(seconds + 30):
+            raise RuntimeError("the launcher did not answer")
+        return conn.recv()
 
     def test_a_killed_scheduler_signals_the_launcher(self):
-        proc, schedulers = self._start_controller()
+        controller, schedulers, conn = self._start_controller()
         self.assertEqual(len(schedulers), DP_SIZE)
         # Nothing is wrong yet: no signal while every scheduler lives.
-        self.assertIsNone(signal.sigtimedwait({signal.SIGQUIT}, 2.0))
+        self.assertIsNone(self._sigquit(conn, 2.0))
         os.kill(schedulers[1], signal.SIGKILL)
         start = time.monotonic()
-        got = signal.sigtimedwait({signal.SIGQUIT}, DEADLINE_S)
+        got = self._sigquit(conn, DEADLINE_S)
         self.assertIsNotNone(
             got,
             f"DP rank 1's scheduler was killed and the DP controller did not "
             f"tell its launcher within {DEADLINE_S:g} s: the server would hang",
         )
-        self.assertEqual(got.si_pid, proc.pid)  # sent by the controller
+        self.assertEqual(got["si_pid"], controller)  # sent by the controller
         print(f"SIGQUIT {time.monotonic() - start:.2f} s after the kill")
-        self.assertTrue(proc.is_alive())  # the launcher stops the tree
+        self.assertTrue(got["controller_alive"])  # the launcher stops the tree
 
 
 if __name__ == "__main__":
