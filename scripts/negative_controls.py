@@ -606,6 +606,19 @@ CONTROLS = (
         "controller, not its launcher (fixes/0011 without its notify_pid)",
     ),
     Control(
+        name="valid-stop-token-id-refused",
+        level="full",  # a unit test, kept out of CI's cheap set for time (23 s)
+        module="srt/sampling/sampling_params.py",
+        old="                if not 0 <= token_id < vocab_size:\n",
+        new="                if not 0 <= token_id < vocab_size - 1:  # negative control\n",
+        tests=(
+            R + "unit/managers/test_sampling_field_ranges.py::TestValidRequestsServed",
+        ),
+        expected=("a valid request was refused",),
+        what="a range check refuses a valid value (the last token id as a stop "
+        "token id): the valid-request property must fail",
+    ),
+    Control(
         name="prefill-drops-early-decode-abort-live",
         level="full",
         module="srt/disaggregation/mooncake/conn.py",

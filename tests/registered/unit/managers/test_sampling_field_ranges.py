@@ -12,7 +12,10 @@ or every tensor the scheduler builds from it (``SamplingBatchInfo``, the
 penalizers, one torch sampling step, the logprob gathers) is built without an
 exception, the sampler gets a finite distribution, and the request asks for
 no min_new_tokens the context cannot hold. Pristine 0.5.23 fails it: top_k
-past int32 raises in ``SamplingBatchInfo.from_schedule_batch``.
+past int32 raises in ``SamplingBatchInfo.from_schedule_batch``. A refusal
+passes that property whenever it names a field, so a second one draws only
+requests whose every field is in range (edges first): each must be served
+(a valid request refused fails it).
 
 The example tests pin the known cases and the boundaries that stay accepted.
 """
@@ -143,6 +146,69 @@ def requests(draw):
     return body
 
 
+# Every field drawn inside the range its check and upstream's verify accept
+# (sampling_params.py, field_ranges.py), edges first: a refusal of any of
+# these is a bug.
+valid_ids = st.one_of(st.sampled_from([0, VOCAB - 1]), st.integers(0, VOCAB - 1))
+VALID_SAMPLING_FIELDS = {
+    "top_k": st.one_of(
+        st.just(-1),
+        st.integers(1, VOCAB + 1),
+        st.sampled_from([TOP_K_ALL, TOP_K_ALL + 1, 2**31, 2**63]),
+    ),
+    "temperature": st.one_of(st.just(0.0), st.floats(1e-3, 2.0)),
+    "top_p": st.floats(1e-3, 1.0),
+    "min_p": st.floats(0.0, 1.0),
+    "frequency_penalty": st.floats(-2.0, 2.0),
+    "presence_penalty": st.floats(-2.0, 2.0),
+    "repetition_penalty": st.floats(1e-3, 2.0),
+    "stop_token_ids": st.lists(valid_ids, max_size=3),
+    "logit_bias": st.dictionaries(
+        valid_ids.map(str),
+        st.one_of(st.just(-math.inf), st.floats(-100.0, 100.0)),
+        max_size=3,
+    ),
+    "sampling_seed": st.integers(-(2**63), 2**63 - 1),
+    "stop_regex": st.one_of(
+        st.sampled_from(["a|b", "x+$", "page", r"\d{2}"]),
+        st.lists(st.sampled_from(["a|b", "layer"]), max_size=2),
+    ),
+    "stream_interval": st.integers(1, 8),
+}
+
+
+@st.composite
+def valid_requests(draw):
+    """A request every field of which is in range: it must be served."""
+    batch = draw(st.sampled_from([None, 1, 2]))
+    n = draw(st.sampled_from([None, 1, 2]))
+    body = {}
+    if draw(st.booleans()):
+        body["input_ids"] = PROMPT if batch is None else [PROMPT] * batch
+    else:
+        body["text"] = "page layer" if batch is None else ["page layer"] * batch
+    max_new = draw(st.integers(1, 16))
+    params = {
+        "max_new_tokens": max_new,
+        "min_new_tokens": draw(st.integers(0, max_new)),
+        "n": n,
+        **some_of(draw, VALID_SAMPLING_FIELDS, 4),
+    }
+    if batch is not None and draw(st.booleans()):
+        body["sampling_params"] = [params] * batch
+    else:
+        body["sampling_params"] = params
+    if draw(st.booleans()):
+        body["return_logprob"] = True
+        body["top_logprobs_num"] = draw(
+            st.sampled_from([0, VOCAB]) | st.integers(0, VOCAB)
+        )
+        body["logprob_start_len"] = draw(st.sampled_from([-1, 0, 1, 2]))
+        ids = st.lists(valid_ids, min_size=1, max_size=3)
+        body["token_ids_logprob"] = draw(st.one_of(st.none(), ids))
+    return body
+
+
 def fields_of(body):
     out = set(body)
     params = body.get("sampling_params")
@@ -195,18 +261,21 @@ class AdmissionCase(unittest.TestCase):
         return tokenized
 
 
+# Both properties: seeded, no example database, no deadline.
+SEEDED = settings(
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=list(HealthCheck),
+)
+
+
 def one(**params):
     return {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4, **params}}
 
 
 class TestSamplingFieldRangesProperty(AdmissionCase):
-    @settings(
-        max_examples=300,
-        deadline=None,
-        database=None,
-        derandomize=True,
-        suppress_health_check=list(HealthCheck),
-    )
+    @settings(SEEDED, max_examples=300)
     @given(body=requests())
     # The known killers and 500s, always run before the drawn requests.
     @example(body=one(top_k=10**10, temperature=1.0))
@@ -226,6 +295,27 @@ class TestSamplingFieldRangesProperty(AdmissionCase):
             room = CONTEXT - len(t.input_ids)
             self.assertLessEqual(t.sampling_params.min_new_tokens, room, body)
         self.schedule(tokenized)
+
+
+class TestValidRequestsServed(AdmissionCase):
+    @settings(SEEDED, max_examples=150)
+    @given(body=valid_requests())
+    # The boundaries that stay accepted, always run before the drawn ones.
+    @example(body=one(top_k=TOP_K_ALL + 1, temperature=1.0))
+    @example(body=one(logit_bias={"0": -math.inf, str(VOCAB - 1): 100.0}))
+    @example(body={**one(), "return_logprob": True, "top_logprobs_num": VOCAB})
+    @example(body={"input_ids": [PROMPT] * 2, "sampling_params": {"n": MAX_N}})
+    def test_a_valid_request_is_served(self, body):
+        # The refusal property above passes on any refusal that names a
+        # field; this one fails on a refusal of a request in range.
+        try:
+            tokenized = self.adm.admit(body)
+        except ValueError as e:
+            self.fail(f"a valid request was refused: {e} for {body}")
+        except Exception as e:
+            self.fail(f"HTTP 500: {type(e).__name__}: {e} for {body}")
+        ids = self.schedule(tokenized)
+        self.assertTrue(all(0 <= i < VOCAB for i in ids), (ids, body))
 
 
 class TestSamplingFieldRanges(AdmissionCase):
