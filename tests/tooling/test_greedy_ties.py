@@ -6,6 +6,7 @@ from __future__ import annotations
 import unittest
 
 from harness.greedy_ties import (
+    MAX_TIES,
     TIE_LOGPROB,
     assert_same_greedy,
     first_divergence,
@@ -19,7 +20,7 @@ def rec(ids, top2):
 
 # position 1: 7 and 9 are a tie on both servers, in opposite order
 A = rec(
-    [5, 7, 3], [[(-0.1, 5), (-3.0, 8)], [(-1.00, 7), (-1.03, 9)], [(-0.2, 3), (-2, 4)]]
+    [5, 7, 3], [[(-0.1, 5), (-3.0, 8)], [(-1.00, 7), (-1.01, 9)], [(-0.2, 3), (-2, 4)]]
 )
 B = rec(
     [5, 9, 4], [[(-0.1, 5), (-3.0, 8)], [(-1.01, 9), (-1.02, 7)], [(-0.3, 4), (-2, 3)]]
@@ -42,6 +43,26 @@ class TestGreedyTies(unittest.TestCase):
         self.assertEqual(first_divergence(B, a), ("differ", 1))
         with self.assertRaises(AssertionError):
             assert_same_greedy(self, [a], [B])
+
+    def test_the_margin_is_a_few_bfloat16_steps_of_the_observed_logits(self):
+        # CI's ties: one step (0.0039) of a logit in [0.5, 1); 0.03, about
+        # eight such steps, is a moved distribution, not a tie
+        self.assertLess(TIE_LOGPROB, 0.02)
+        for margin, kind in ((0.0039, "tie"), (TIE_LOGPROB, "tie"), (0.03, "differ")):
+            a = dict(
+                A, top2=[A["top2"][0], [(-1.0, 7), (-1.0 - margin, 9)], A["top2"][2]]
+            )
+            with self.subTest(margin=margin):
+                self.assertEqual(first_divergence(a, B), (kind, 1))
+
+    def test_more_than_a_few_ties_in_one_comparison_fail(self):
+        self.assertEqual(MAX_TIES, 2)
+        self.assertEqual(
+            assert_same_greedy(self, [A, A, A], [B, B, A]), [(0, 1), (1, 1)]
+        )
+        with self.assertRaises(AssertionError) as ctx:
+            assert_same_greedy(self, [A, A, A], [B, B, B], "run")
+        self.assertIn("3 outputs part at a tie", str(ctx.exception))
 
     def test_a_runner_up_that_is_not_the_other_token_is_a_difference(self):
         other = [(-1.00, 7), (-1.01, 11)]
