@@ -6,8 +6,10 @@ on ``PYTHONPATH``) and loads it with ``-p negative_control_plugin``. It writes
 
 * ``reports``: every setup/call/teardown report of a test that did not pass
   (and every passed call): node id, phase, outcome, and for a failure whether
-  its exception is an ``AssertionError`` (``kind`` "assertion") or another
-  exception (``kind`` "error: <type>"), with the exception's text. Unittest
+  its exception is an ``AssertionError`` raised outside sglang's own code
+  (``kind`` "assertion": the test's check, in the test, the harness or
+  ``sglang.test``) or another exception, an ``AssertionError`` of sglang's
+  own code included (``kind`` "error: <type>"), with the exception's text. Unittest
   subtests (one report each) and ``setUpClass`` failures (a failed setup) are
   reported here too.
 * ``collection_errors``: every collector that failed to collect.
@@ -29,8 +31,37 @@ _REPORTS: list = []
 _COLLECTION_ERRORS: list = []
 
 
+def _product_dir() -> str | None:
+    """The sglang package the test process imports (first on the path),
+    found without importing it."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("sglang")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.realpath(list(spec.submodule_search_locations)[0])
+
+
+def _in_product(path: str) -> bool:
+    """``path`` is sglang's own code: in the package, not in ``sglang.test``
+    (where an upstream PR carries the test harness)."""
+    product = _product_dir()
+    if product is None:
+        return False
+    path = os.path.realpath(str(path))
+    inside = path.startswith(product + os.sep)
+    return inside and not path.startswith(os.path.join(product, "test") + os.sep)
+
+
 def _kind(excinfo) -> str:
     if excinfo.errisinstance(AssertionError):
+        # An assert of sglang's own code failing is not the test's check.
+        where = excinfo.traceback[-1] if excinfo.traceback else None
+        if where is not None and _in_product(where.path):
+            return f"error: AssertionError in sglang ({where.path}:{where.lineno + 1})"
         return "assertion"
     return f"error: {excinfo.type.__name__}"
 

@@ -8,7 +8,8 @@ timeout, or whose peer failed (they may block in a collective forever), are
 killed and the error names them. ``fn`` must be a module-level function.
 
 A run whose failed ranks all failed a check of the test (an
-``AssertionError`` in the rank) raises ``RankAssertionError``, a
+``AssertionError`` in the rank, raised outside sglang's own code: an assert
+of sglang failing is an error) raises ``RankAssertionError``, a
 ``RankFailure`` that is also an ``AssertionError``: the test id fails by its
 own assertion, as if it were made in the test. Any other exception of a rank,
 a rank that dies without a result, or a timeout raises a plain
@@ -54,7 +55,12 @@ PRELOAD = (
 
 
 class RankFailure(RuntimeError):
-    pass
+    """``results``: the results of the ranks that finished (rank -> result),
+    a failed run's ranks included."""
+
+    def __init__(self, message: str, results: dict | None = None):
+        super().__init__(message)
+        self.results = dict(results or {})
 
 
 class RankAssertionError(RankFailure, AssertionError):
@@ -69,6 +75,20 @@ def _die_with_parent() -> None:
         pass
 
 
+def raised_in_product(exc: BaseException) -> bool:
+    """``exc`` was raised in sglang's own code: its innermost frame is in the
+    imported sglang package but not in ``sglang.test`` (where an upstream PR
+    carries this harness)."""
+    package = sys.modules.get("sglang")
+    frames = traceback.extract_tb(exc.__traceback__)
+    if package is None or not getattr(package, "__file__", None) or not frames:
+        return False
+    root = os.path.dirname(os.path.realpath(package.__file__))
+    path = os.path.realpath(frames[-1].filename)
+    inside = path.startswith(root + os.sep)
+    return inside and not path.startswith(os.path.join(root, "test") + os.sep)
+
+
 def rank_body(fn, rank, world_size, args, kwargs, env, backend, tmp) -> int:
     """One rank: output to ``tmp/rank<r>.log``, joins the group, runs ``fn``,
     leaves ``("ok", result)`` or ``("error", traceback)`` in
@@ -79,7 +99,7 @@ def rank_body(fn, rank, world_size, args, kwargs, env, backend, tmp) -> int:
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     _die_with_parent()
     atexit._clear()  # only what the scenario registers runs at its end
-    ok = False
+    ok = joined = False
     try:
         os.environ.update(env or {})
         import torch.distributed as dist
@@ -90,23 +110,29 @@ def rank_body(fn, rank, world_size, args, kwargs, env, backend, tmp) -> int:
             rank=rank,
             world_size=world_size,
         )
+        joined = True
         payload = ("ok", fn(rank, world_size, *args, **kwargs))
-        try:
-            dist.destroy_process_group()
-        except Exception:
-            pass
         ok = True
-    except AssertionError:
-        payload = ("assertion", traceback.format_exc())
+    except AssertionError as e:
+        # the scenario's check; an assert of sglang's own code is an error
+        kind = "error" if raised_in_product(e) else "assertion"
+        payload = (kind, traceback.format_exc())
     except BaseException:
         payload = ("error", traceback.format_exc())
     try:
         data = pickle.dumps(payload)
     except BaseException:
         ok, data = False, pickle.dumps(("error", traceback.format_exc()))
+    # The result is on disk before the group is left: a peer failing once
+    # this rank leaves cannot lose it (collect reads it from a killed rank).
     with open(f"{tmp}/rank{rank}.tmp", "wb") as f:
         f.write(data)
     os.rename(f"{tmp}/rank{rank}.tmp", f"{tmp}/rank{rank}.pkl")
+    if ok and joined:
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
     try:
         atexit._run_exitfuncs()
     finally:
@@ -150,18 +176,28 @@ def collect(tmp: str, world_size: int, timeout: float, reap, kill) -> list:
                     tmp, rank
                 )
     stragglers = sorted(kill())
+    for rank in stragglers:  # a result written before the rank was killed
+        try:
+            with open(f"{tmp}/rank{rank}.pkl", "rb") as f:
+                kind, payload = pickle.load(f)
+        except OSError:
+            continue
+        if kind == "ok":
+            out[rank] = payload
     if errors:
         first = min(errors)
         failure = RankAssertionError if assertions == set(errors) else RankFailure
         raise failure(
             f"rank {first} failed (of {world_size}; failed ranks {sorted(errors)}, "
-            f"killed {stragglers}):\n{errors[first]}"
+            f"killed {stragglers}):\n{errors[first]}",
+            out,
         )
     if len(out) < world_size:
         missing = [r for r in range(world_size) if r not in out]
         raise RankFailure(
             f"timeout after {timeout:.0f}s: ranks {missing} did not finish "
-            f"(killed {stragglers})"
+            f"(killed {stragglers})",
+            out,
         )
     return [out[r] for r in range(world_size)]
 

@@ -1,8 +1,8 @@
 """scripts/negative_controls.py (``make negative-controls``): every cheap
 control, run through the real driver on a scratch copy of the installed wheel,
 fails on its test's assertion; and the driver's classifier tells an assertion
-from a control that breaks nothing, an import error, a collection error and a
-stale control, and leaves the installed package as it was."""
+from a control that breaks nothing, an import error, a collection error, an
+assert of sglang's own code and a stale control, and leaves the installed package as it was."""
 
 import hashlib
 import importlib.util
@@ -93,6 +93,13 @@ def test_classifier_and_scratch_copy(tmp_path):
             at_import,
         ),
         _control("wrong-expectation", version, "DIGEST_VERSION = 3\n", at_call, "nope"),
+        # the expected text, but from an assert of sglang's own code
+        _control(
+            "assertion-in-sglang",
+            version,
+            version + 'assert False, "DIGEST_VERSION changed"\n',
+            at_call,
+        ),
         _control("stale", "DIGEST_VERSION = 99\n", "", at_call),
         _control("ambiguous", "import ", "", at_call),
     ]
@@ -123,6 +130,11 @@ def _check_self_test(proc, out: Path, installed: Path, before: str):
     assert seen["collection-error"][1].startswith("collection error")
     assert not seen["wrong-expectation"][0]
     assert "expected failure not seen: nope" in seen["wrong-expectation"][1]
+    assert not seen["assertion-in-sglang"][0]
+    assert seen["assertion-in-sglang"][1].startswith(
+        "error: AssertionError in sglang ("
+    ), seen["assertion-in-sglang"]
+    assert f"{DIGEST}:" in seen["assertion-in-sglang"][1]
     assert seen["stale"] == (
         False,
         f"stale control: text not found in {DIGEST}: 'DIGEST_VERSION = 99\\n'",

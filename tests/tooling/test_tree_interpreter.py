@@ -38,6 +38,12 @@ def fail_on(rank, world_size, *, bad, error=ValueError):
     time.sleep(3600)  # a peer stuck in a collective
 
 
+def sglang_asserts(rank, world_size):
+    from sglang.srt.utils.common import assert_int64_array
+
+    assert_int64_array([1, 2], "ids")  # not an array('q'): sglang's assert
+
+
 def hang(rank, world_size, *, pid_file):
     with open(f"{pid_file}.{rank}", "w") as f:
         f.write(str(os.getpid()))
@@ -99,6 +105,13 @@ def test_a_failed_check_in_a_rank_is_the_tests_own_assertion():
     msg = str(err.value)
     assert "rank 1 failed (of 2; failed ranks [1], killed [0])" in msg
     assert "AssertionError: rank 1 refuses" in msg
+
+
+def test_an_assert_of_sglang_in_a_rank_is_an_error_not_the_tests_check():
+    with pytest.raises(RankFailure) as err:
+        run_ranks(sglang_asserts, 1, timeout=300)
+    assert not isinstance(err.value, AssertionError), err.value
+    assert "AssertionError: ids must be array('q')" in str(err.value)
 
 
 def test_hung_ranks_are_killed_at_the_timeout(tmp_path):

@@ -511,6 +511,21 @@ def _wait_written_through(cache, polls: int = 500) -> None:
     raise AssertionError("write-through still in flight")
 
 
+def group_parted(exc: BaseException) -> str | None:
+    """The shard group's own report that its ranks parted (a vote or
+    broadcast a peer did not join within the bounded wait, or votes or tree
+    digests that differ), as ``"<type>: <text>"``; None for any other
+    exception, which stays an error of the rank."""
+    from sglang.srt.mem_cache.hicache_rank_shard.agreement import RankShardDivergence
+
+    bounded = "(SGLANG_HICACHE_RANK_SHARD_EXCHANGE_TIMEOUT_S)" in str(exc)
+    if isinstance(exc, RankShardDivergence) or (
+        isinstance(exc, RuntimeError) and bounded
+    ):
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 def load_back_agreement(
     rank: int,
     world_size: int,
@@ -571,13 +586,20 @@ def load_back_agreement(
             if not refuser_evicts:
                 cache.evict_for_alloc = lambda params: None
         try:
-            loaded = cache.load_back(match.best_match_node)
-        finally:
-            if refuse:
-                cache._component_available_size = full
-                cache.evict_for_alloc = evict
-        cache.ready_to_load_host_cache()
-        cache.loading_check()
+            try:
+                loaded = cache.load_back(match.best_match_node)
+            finally:
+                if refuse:
+                    cache._component_available_size = full
+                    cache.evict_for_alloc = evict
+            cache.ready_to_load_host_cache()
+            cache.loading_check()
+        except RuntimeError as e:
+            parted = group_parted(e)
+            if parted is None:
+                raise
+            # the group's report is the result: the test's check judges it
+            return dict(rank=rank, sglang=sglang_identity(), parted=parted)
         after = cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", seq))))
         exact = None
         if after.device_prefix_len == len(seq):
@@ -595,6 +617,7 @@ def load_back_agreement(
     return dict(
         rank=rank,
         sglang=sglang_identity(),
+        parted=None,
         sharded=shard is not None,
         evicted=evicted,
         loads=loads,
@@ -766,6 +789,12 @@ def decode_restores(
                 stack.restore_tick()
                 if dr.hicache_restore_status.value != "pending":
                     break
+        except RuntimeError as e:
+            parted = group_parted(e)
+            if parted is None:
+                raise
+            # the group's report is the result: the test's check judges it
+            return dict(rank=rank, sglang=sglang_identity(), parted=parted)
         finally:
             if refuse:
                 cache._component_available_size = full
@@ -801,6 +830,7 @@ def decode_restores(
     return dict(
         rank=rank,
         sglang=sglang_identity(),
+        parted=None,
         sharded=shard is not None,
         evicted=evicted,
         kv_host_layers=list(kv_host._target_layer_indices),

@@ -372,15 +372,30 @@ class TestRankShardPlanInactive(unittest.TestCase):
 
 
 def run_ranks_together(scenario, what, env, **kwargs):
-    """Two ranks of ``scenario`` with a short exchange wait: a rank stuck in a
-    broadcast its peer never joins fails the test naming ``what``."""
+    """Two ranks of ``scenario`` with a short exchange wait. A rank stuck in
+    a broadcast or vote its peer never joins, or whose votes or tree differ
+    from its peer's, ends the scenario with the shard group's own report
+    (``parted``): that fails the test here, by its assertion, naming
+    ``what`` (its peer, left alone in a collective, may fail after it: that
+    failure is named too). A failure of the run without such a report (a
+    crash, a timeout, an assert of sglang) stays the ``RankFailure`` error
+    it is."""
     env = {"SGLANG_HICACHE_RANK_SHARD_EXCHANGE_TIMEOUT_S": "30", **env}
+    then = ""
     try:
-        return run_ranks(scenario, 2, timeout=600, env=env, **kwargs)
+        results = run_ranks(scenario, 2, timeout=600, env=env, **kwargs)
     except RankFailure as e:
+        results, then = list(e.results.values()), f"; then {e}"
+        if not any(r["parted"] for r in results):
+            raise
+    parted = [f"rank {r['rank']}: {r['parted']}" for r in results if r["parted"]]
+    if parted:
         raise AssertionError(
-            f"the ranks did not take the {what} together: {e}"
-        ) from None
+            f"the ranks did not take the {what} together: "
+            + "; ".join(parted)
+            + then[:2000]
+        )
+    return results
 
 
 def run_ranks_agreeing(env=None, **kwargs):
@@ -457,14 +472,16 @@ class TestRankShardLoadBackAgreement(unittest.TestCase):
         # vote stops both ranks, naming the digests, instead of loading on
         # trees that differ.
         env = {**ON, "SGLANG_HICACHE_RANK_SHARD_VERIFY_EVERY": "1"}
-        with self.assertRaises(RankFailure) as ctx:
-            run_ranks(
-                load_back_agreement, 2, timeout=600, env=env, refuser_evicts=False
-            )
-        self.assertIn(
-            "the radix trees of shard group [0, 1] differ before load-back vote #4",
-            str(ctx.exception),
+        results = run_ranks(
+            load_back_agreement, 2, timeout=600, env=env, refuser_evicts=False
         )
+        for r in results:
+            self.assertIn(
+                "RankShardDivergence: HiCache rank shard: the radix trees of shard "
+                "group [0, 1] differ before load-back vote #4",
+                r["parted"] or "",
+                r,
+            )
         # the same run with the eviction on every rank loads as planned
         self.check(run_ranks_agreeing(env))
 
