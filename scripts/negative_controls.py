@@ -619,6 +619,21 @@ CONTROLS = (
         "token id): the valid-request property must fail",
     ),
     Control(
+        name="decode-restore-l3-part-counted-as-host",
+        level="full",  # a unit test, kept out of CI's cheap set for time
+        module="srt/disaggregation/decode_hicache_mixin.py",
+        old="        req.storage_hit_length = prefix_match.l3_storage_hit_length\n",
+        new="        req.storage_hit_length = 0  # negative control: no L3 part\n",
+        tests=(
+            R + "unit/disaggregation/test_decode_restored_prefix_cached_tokens.py"
+            "::TestRestoredPrefixCachedTokens"
+            "::test_the_l3_part_of_a_restore_counts_as_storage",
+        ),
+        expected=("test_the_l3_part_of_a_restore_counts_as_storage",),
+        what="fixes/0008 without its storage part: a decode restore's L3 span "
+        "counts as host hits",
+    ),
+    Control(
         name="prefill-drops-early-decode-abort-live",
         level="full",
         module="srt/disaggregation/mooncake/conn.py",

@@ -862,15 +862,20 @@ def restored_prefix_cached_tokens(
     host_tokens: int = 128,
     prefill_cached: int = 0,
     tree_core: str = "python",
+    storage_tokens: int = 0,
+    storage_dir: str | None = None,
 ) -> dict:
     """The cached-token breakdown a client is given for a decode request whose
     prefix match is ``device_tokens`` on the device, then ``host_tokens``
-    only in host memory (upstream's flags: decode radix cache + HiCache). The
+    only in host memory (upstream's flags: decode radix cache + HiCache), then
+    ``storage_tokens`` only in L3 (``storage_dir``: the ``file`` backend,
+    prefetched with ``wait_complete``). The
     request is admitted and restored, its transfer committed by
     ``_commit_transfer_to_req`` from a real ``MetadataBuffers`` slot that
     prefill filled (``prefill_cached`` tokens, all device hits there), and it
     enters the running batch through ``prepare_for_prebuilt`` as
     ``_get_new_prebuilt_batch`` builds it."""
+    import time
     from types import SimpleNamespace
 
     from sglang.srt.disaggregation.utils import MetadataBuffers
@@ -883,27 +888,50 @@ def restored_prefix_cached_tokens(
 
     from harness.stacks.decode_hicache_stack import random_tokens
 
-    stack = _stack(rank, world_size, False, size=1024, tree_core=tree_core)
+    if storage_dir is None:
+        assert not storage_tokens, "storage_tokens needs a storage_dir"
+        stack = _stack(rank, world_size, False, size=1024, tree_core=tree_core)
+    else:
+        stack = _l3_stack(
+            rank, world_size, False, storage_dir, "wait_complete", tree_core
+        )
     rng = random.Random(17)
     gen = torch.Generator().manual_seed(17)
-    prefix = random_tokens(rng, device_tokens + host_tokens)
+    prefix = random_tokens(rng, device_tokens + host_tokens + storage_tokens)
     if device_tokens:
         stack.cache_prefix(prefix[:device_tokens], gen)
+    if storage_tokens:  # a node boundary where the host copy ends
+        stack.cache_prefix(prefix[: device_tokens + host_tokens], gen)
     cached = stack.cache_prefix(prefix, gen)
-    evicted_device = stack.evict_device(host_tokens)
+    if storage_dir is not None:
+        _settle_storage(stack)  # every page written through to L3
+    evicted_device = stack.evict_device(host_tokens + storage_tokens)
+    evicted_host = stack.evict_host(storage_tokens) if storage_tokens else 0
 
     dr = stack.make_request("r0", prefix + random_tokens(rng, 64))
     dr.req.bootstrap_room = 4242
     stack.prealloc.queue.append(dr)
-    stack.admit()
+    for _ in range(100):  # admitted at once but for an L3 prefetch
+        admitted, failed = stack.admit()
+        if admitted or failed:
+            break
+        stack.cache.check_hicache_events()
+        time.sleep(0.02)
     pm = dr.prefix_match
     out = dict(
         evicted_device=evicted_device,
+        evicted_host=evicted_host,
         l1=pm.l1_prefix_len,
         l2=pm.l2_host_hit_length,
+        l3=pm.l3_storage_hit_length,
         promised=dr.kv_receiver.metadata["decode_prefix_len"],
     )
-    out["status"] = _run_restore(stack, dr)
+    for _ in range(200):  # an L3 span lands in host memory first
+        out["status"] = _run_restore(stack, dr)
+        if out["status"] != "pending":
+            break
+        stack.cache.check_hicache_events()
+        time.sleep(0.01)
     if out["status"] != "ready":
         _finish_or_abort(stack, dr, cached, out)
         return out
@@ -951,7 +979,10 @@ def restored_prefix_cached_tokens(
         SpeculativeAlgorithm.NONE,
     )
     batch.prepare_for_prebuilt()
-    streamer = SimpleNamespace(enable_hicache_storage=lambda: False)
+    streamer = SimpleNamespace(
+        enable_hicache_storage=lambda: bool(storage_dir),
+        _get_storage_backend_type=lambda: "file",
+    )
     out.update(
         prefix_len=req.prefix_len,
         cached_tokens=req.cached_tokens,

@@ -15,6 +15,7 @@ output streamer sends. Both tree cores; a prefix held on the device alone is
 the control.
 """
 
+import tempfile
 import unittest
 
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -63,6 +64,30 @@ class TestRestoredPrefixCachedTokens(unittest.TestCase):
         # Prefill computed nothing of [0, 192): its device hits. The decode
         # worker's reuse beyond that, [192, 256), came from its host tier.
         self.assertEqual(self.run_split(128, prefill=192), {"device": 192, "host": 64})
+
+    def test_the_l3_part_of_a_restore_counts_as_storage(self):
+        # fixes/0008's storage part: device [0, 64), host [64, 128), then
+        # [128, 384) only in L3 (file backend; 256 tokens, the default
+        # prefetch threshold): prefetched to host and restored with the
+        # rest. 0.5.23: {"device": 384, "host": 0, "storage": 0}
+        with tempfile.TemporaryDirectory(prefix="decode-l3-") as storage_dir:
+            (r,) = run_ranks(
+                restored_prefix_cached_tokens,
+                1,
+                device_tokens=64,
+                host_tokens=64,
+                storage_tokens=256,
+                storage_dir=storage_dir,
+                tree_core=self.tree_core,
+            )
+        print(self.tree_core, "l3", r)
+        self.assertEqual((r["evicted_device"], r["evicted_host"]), (320, 256))
+        self.assertEqual((r["l1"], r["l2"], r["l3"]), (64, 64, 256), r)
+        self.assertEqual((r["status"], r["cached_tokens"]), ("ready", 384), r)
+        self.assertEqual(
+            r["details"],
+            {"device": 64, "host": 64, "storage": 256, "storage_backend": "file"},
+        )
 
     def test_device_only_prefix_counts_as_device(self):
         self.assertEqual(self.run_split(PREFIX), {"device": 256, "host": 0})
