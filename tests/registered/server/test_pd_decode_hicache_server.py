@@ -48,9 +48,10 @@ controller honours before cache_aware; the prefill server, one rank, gets the
 body without it).  It must miss the revisits and give the seed run's greedy
 outputs, hit or miss.
 
-Then the seed worker gets a burst: two requests of one new prompt posted to it
-``BURST_LEAD_S`` before prefill gets them, so both are routed among its DP ranks
-before either transfer could land. A decode rank reuses transferred KV only
+Then the seed worker gets a burst: two requests of one new prompt posted to it,
+and to prefill only once its routing counters show both routed among its DP
+ranks (``wait_routed``, at most ``BURST_ROUTED_S``), so both are routed before
+either transfer could land. A decode rank reuses transferred KV only
 once its prebuilt batch put it in its tree, which its DP leader reports as a
 landing (cache-aware-routing/0007): both are routed as misses, by load; a
 prefix credited from its dispatch sent the second to the first's rank by its
@@ -157,7 +158,8 @@ SEED_ADMISSION_LOG = (
 WORDS = "cache prefix token rank host device page layer tree radix decode".split()
 
 
-BURST_LEAD_S = 2.0  # decode bodies first: both routed before any transfer
+# decode bodies first, prefill's once both are routed (no transfer before)
+BURST_ROUTED_S = 60.0
 BURST_KEY = "decode-landing-burst"  # a namespace no other request shares
 # Every PD request below is watched (harness.pd_stall): one still unanswered
 # after the bound of its workload gets the servers' thread dumps and the
@@ -175,9 +177,26 @@ def delta(after: dict, before: dict) -> dict:
     }
 
 
-def pd_burst(prefill, decode, bootstrap_port, text, copies, lead_s) -> list:
+def wait_routed(server, total: float, timeout: float) -> float:
+    """Waits until ``server``'s DP controller has routed ``total`` requests in
+    all (``sglang:dp_routing_requests_total``, every outcome); the seconds it
+    took."""
+    start = time.monotonic()
+    while True:
+        routed = sum(routing_outcomes(server).values())
+        if routed >= total:
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout:
+            raise RuntimeError(
+                f"{routed:g} of {total:g} requests routed after {timeout:g} s"
+            )
+        time.sleep(0.05)
+
+
+def pd_burst(prefill, decode, bootstrap_port, text, copies, routed_s) -> list:
     """``copies`` requests of ``text`` (under ``BURST_KEY``), each posted to
-    the decode worker ``lead_s`` before prefill; the decode answers' meta."""
+    the decode worker, and to prefill once the decode worker has routed all
+    of them (at most ``routed_s``); the decode answers' meta."""
     bodies = [
         {
             "text": text,
@@ -190,12 +209,14 @@ def pd_burst(prefill, decode, bootstrap_port, text, copies, lead_s) -> list:
         for _ in range(copies)
     ]
     rooms = [b["bootstrap_room"] for b in bodies]
-    bound = lead_s + stall_bound(copies, NEW_TOKENS)
+    bound = routed_s + stall_bound(copies, NEW_TOKENS)
+    routed = sum(routing_outcomes(decode).values())
     with STALLS.watch(f"burst, rooms {rooms}", bound), ThreadPoolExecutor(
         2 * copies
     ) as pool:
         ds = [pool.submit(decode.post_raw, "/generate", b) for b in bodies]
-        time.sleep(lead_s)
+        waited = wait_routed(decode, routed + copies, routed_s)
+        print(f"burst: {copies} requests routed by decode in {waited:.2f} s")
         ps = [pool.submit(prefill.post_raw, "/generate", b) for b in bodies]
         answers = [d.result() for d in ds]
         for p in ps:
@@ -418,7 +439,7 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
             before = routing_outcomes(seed)
             burst = " ".join(rng.choice(WORDS) for _ in range(PROMPT_WORDS))
             cls.results["burst"] = dict(
-                meta=pd_burst(prefill, seed, bootstrap_port, burst, 2, BURST_LEAD_S)
+                meta=pd_burst(prefill, seed, bootstrap_port, burst, 2, BURST_ROUTED_S)
             )
             cls.results["burst"]["outcomes"] = delta(routing_outcomes(seed), before)
             for name, decode in decodes.items():
