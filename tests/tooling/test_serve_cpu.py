@@ -146,7 +146,7 @@ class TestServeCpu(unittest.TestCase):
                 demo.stdout, r"revisit: \d+ tokens, cached \{'device': 0, 'host': 384"
             )
             # and every page of the demo's prompts went to the Mooncake store,
-            # each rank its own shard objects (hicache-rank-shard 0014)
+            # each rank its own shard objects (hicache-rank-shard 0015)
             written = l3_written(port)
             self.assertEqual(sorted(written), [0, 1], written)
             self.assertTrue(all(written.values()), written)

@@ -53,7 +53,7 @@ and to prefill only once its routing counters show both routed among its DP
 ranks (``wait_routed``, at most ``BURST_ROUTED_S``), so both are routed before
 either transfer could land. A decode rank reuses transferred KV only
 once its prebuilt batch put it in its tree, which its DP leader reports as a
-landing (cache-aware-routing/0007): both are routed as misses, by load; a
+landing (cache-aware-routing/0008): both are routed as misses, by load; a
 prefix credited from its dispatch sent the second to the first's rank by its
 match.
 

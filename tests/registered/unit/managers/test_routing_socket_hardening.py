@@ -30,7 +30,7 @@ from harness.dp_routing_fixtures import require_cache_aware_routing
 
 register_cpu_ci(est_time=30, suite="base-a-test-cpu")
 FEATURE_GROUP = "cache-aware-routing"  # the series group it tests (or "series")
-LANDS_WITH = "0005"  # passes from this patch of the group on (pr-check runs it there)
+LANDS_WITH = "0006"  # passes from this patch of the group on (pr-check runs it there)
 
 
 def setUpModule():

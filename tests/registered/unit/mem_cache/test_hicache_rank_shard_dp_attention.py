@@ -37,7 +37,7 @@ from harness.scenarios.hicache_rank_shard_scenarios import (
 
 register_cpu_ci(est_time=90, suite="base-a-test-cpu")
 FEATURE_GROUP = "hicache-rank-shard"  # the series group it tests (or "series")
-LANDS_WITH = "0011"  # passes from this patch of the group on (pr-check runs it there)
+LANDS_WITH = "0012"  # passes from this patch of the group on (pr-check runs it there)
 
 ON = {
     "SGLANG_ENABLE_HICACHE_RANK_SHARD": "1",
@@ -133,7 +133,7 @@ class TestRankShardDpAttentionGroups(unittest.TestCase):
     def test_shard_group_over_the_full_tp_group_fails_the_checks(self):
         # Negative control: four shard ranks (1 layer each, the other DP
         # group's rows broadcast in). Once every vote of the group is tagged
-        # and carries each rank's tree digest (hicache-rank-shard 0013), the
+        # and carries each rank's tree digest (hicache-rank-shard 0014), the
         # two DP groups' different trees stop the run at its first vote;
         # before, it ran and the checks fail.
         try:
