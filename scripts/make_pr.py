@@ -33,7 +33,7 @@ import series as series_mod
 from common import BUILD, PATCHES, ToolError, git, group_needs, read_series, run_main
 from headers import SERIES_FIELDS, patch_header
 from lint_product import format_files
-from pr_bench import benchmark_section
+from pr_bench import NO_RESULTS, benchmark_section
 from pr_tests import extract
 
 import upstream
@@ -105,6 +105,9 @@ def make_pr(feature: str, author: str | None = None) -> Path:
     _format(out / "tests", extraction.files)
     tests = extraction.tests
     support = sorted(set(extraction.files) - set(tests))
+    bench = benchmark_section(feature)
+    # ticked only where the section above holds results
+    bench_box = "[ ]" if bench == NO_RESULTS else "[x]"
     (out / "PR.md").write_text(
         "## Motivation\n\n" + "\n".join(motivation) + "\n\n"
         "## Modifications\n\n" + "\n".join(modifications) + "\n\n"
@@ -120,12 +123,12 @@ def make_pr(feature: str, author: str | None = None) -> Path:
             else ""
         )
         + "Run each as CPU CI does: `python3 test_<name>.py` in its folder.\n\n"
-        "## Benchmarking and Profiling\n\n" + benchmark_section(feature) + "\n"
+        "## Benchmarking and Profiling\n\n" + bench + "\n"
         "## Checklist\n\n"
         "- [x] Format your code with pre-commit (isort, ruff, ruff format, codespell)\n"
         "- [x] Add unit tests (above)\n"
         "- [ ] Update documentation (server arguments / environment variables)\n"
-        "- [x] Provide accuracy and speed benchmark results (above)\n"
+        f"- {bench_box} Provide accuracy and speed benchmark results (above)\n"
         "- [x] Follow the SGLang code style guidance\n"
     )
     _check(out, entries, needs)

@@ -197,14 +197,68 @@ def rank_shard() -> str:
     return out
 
 
+def fixes() -> str:
+    mix = _latest("reliability", "*-malformed-mix/bench_malformed_mix.json")
+    if not mix:
+        return ""
+    data = json.loads(mix.read_text())
+    p = data["params"]
+    rows = []
+    for mode, s in data["pooled"].items():
+        rows.append(
+            [
+                mode,
+                f"{s['good_200']}/{s['good']}",
+                f"{s['bad_4xx']}/{s['bad']}",
+                _f(s["p50_ms"], 0),
+                _f(s["p90_ms"], 0),
+                _f(s["p99_ms"], 0),
+                _f(s["good_per_s"], 2),
+            ]
+        )
+    ratio = data["ratio_vs_good"]["mix"]
+    return (
+        f"A live CPU server (tiny model), {p['clients']} clients, "
+        f"{p['reps']} repetitions of {p['clients'] * p['per_client']} requests "
+        f"per mode; in `mix`, {p['bad_share']:.0%} of the slots are malformed "
+        f"requests ({len(p['bad_cases'])} named cases) that 0.5.23 also "
+        "answers with a 4xx; latency of the good requests, client-measured "
+        "(server alive after: "
+        f"{'yes' if data.get('server_alive_after') else 'no'}), "
+        + _source(mix, data)
+        + ":\n\n"
+        + _table(
+            [
+                "mode",
+                "good 200",
+                "malformed 4xx",
+                "p50 ms",
+                "p90 ms",
+                "p99 ms",
+                "good/s",
+            ],
+            rows,
+        )
+        + f"\nmix / good: p50 x{ratio['p50']:.2f}, p90 x{ratio['p90']:.2f}, "
+        f"p99 x{ratio['p99']:.2f} (p99 per repetition: "
+        + ", ".join(f"x{r:.2f}" for r in data["p99_ratio_per_rep"])
+        + ").\n"
+    )
+
+
 SECTIONS = {
+    "fixes": fixes,
     "cache-aware-routing": routing,
     "decode-hicache": decode,
     "hicache-rank-shard": rank_shard,
 }
 
 
+NO_RESULTS = "No committed benchmark results for this feature.\n"
+
+
 def benchmark_section(feature: str) -> str:
+    """The PR's benchmark section: its tables, or ``NO_RESULTS``."""
     make = SECTIONS.get(feature)
     text = make() if make else ""
-    return text or "No committed benchmark results for this feature.\n"
+    return text or NO_RESULTS

@@ -77,6 +77,20 @@ def _apply_alone(tmp_path, patches):
     return outputs
 
 
+def test_the_fixes_pr_ticks_benchmark_results_with_its_malformed_mix_table(
+    built_prs,
+):
+    pr = (built_prs("fixes") / "PR.md").read_text()
+    results = ROOT / "benchmark" / "reliability" / "results"
+    mix = sorted(results.glob("*-malformed-mix/bench_malformed_mix.json"))[-1]
+    data = json.loads(mix.read_text())
+    assert str(mix.relative_to(ROOT)) in pr
+    for mode, s in data["pooled"].items():
+        row = f"| {mode} | {s['good_200']}/{s['good']} | {s['bad_4xx']}/{s['bad']} |"
+        assert row in pr, row
+    assert "- [x] Provide accuracy and speed benchmark results" in pr
+
+
 def test_each_group_applies_alone_at_its_recorded_lines(built_prs, tmp_path):
     for group in ("hicache-rank-shard", "cache-aware-routing", "decode-hicache"):
         out = built_prs(group)
