@@ -106,3 +106,16 @@ def run_metadata() -> dict:
             "python": platform.python_version(),
         },
     }
+
+
+def percentile(values, q: float) -> float | None:
+    """The ``q``-th percentile (0-100) of ``values``, linearly interpolated
+    between the two nearest ranks (numpy's default); None for no values.
+    Every benchmark's percentiles come from here."""
+    xs = sorted(values)
+    if not xs:
+        return None
+    k = (len(xs) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)

@@ -58,7 +58,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmark.bench_meta import run_dir, run_metadata
+from benchmark.bench_meta import percentile, run_dir, run_metadata
 from harness.live_server import HICACHE_ARGS, LiveServer, assert_all_gone
 from harness.live_workloads import run_bursts, run_conversations, run_n
 
@@ -97,11 +97,6 @@ GROUPS = [
 ERROR_RE = re.compile(r"Traceback|\bERROR\b|Exception|exception")
 
 
-def pct(values, q):
-    v = sorted(values)
-    return v[int(q * (len(v) - 1))] if v else float("nan")
-
-
 def summarize(records, dp=2):
     flat = [r for conv in records for r in conv]
     prompt = sum(r["prompt"] for r in flat)
@@ -126,9 +121,9 @@ def summarize(records, dp=2):
         "rank_ratio": hi / lo if lo else None,  # None: a rank got nothing
         "sticky_conversations": sum(len({r["rank"] for r in c}) == 1 for c in records),
         "conversations": len(records),
-        "ttft_p50_s": pct(ttft, 0.5),
-        "ttft_p90_s": pct(ttft, 0.9),
-        "latency_p50_s": pct([r["latency"] for r in flat], 0.5),
+        "ttft_p50_s": percentile(ttft, 50),
+        "ttft_p90_s": percentile(ttft, 90),
+        "latency_p50_s": percentile([r["latency"] for r in flat], 50),
         "stream_ids_modes": sorted({r["ids_mode"] for r in flat}),
     }
 
@@ -308,8 +303,8 @@ def aggregate(reps):
     lo, hi = min(out["requests_per_rank"]), max(out["requests_per_rank"])
     out["rank_ratio"] = hi / lo if lo else None
     out["reps"] = len(summaries)
-    out["ttft_p50_pooled_s"] = pct(ttft, 0.5)
-    out["ttft_p90_pooled_s"] = pct(ttft, 0.9)
+    out["ttft_p50_pooled_s"] = percentile(ttft, 50)
+    out["ttft_p90_pooled_s"] = percentile(ttft, 90)
     return out
 
 

@@ -48,6 +48,7 @@ from pathlib import Path
 
 from benchmark.bench_meta import run_dir, run_metadata
 from harness.live_server import HICACHE_ARGS, LiveServer, assert_all_gone
+from harness.metrics import l3_counters
 
 HERE = Path(__file__).resolve().parent
 
@@ -87,13 +88,9 @@ def server_args() -> list[str]:
 
 
 def counters(server) -> dict:
-    out = {}
-    for line in server.get("/metrics").text.splitlines():
-        if line.startswith(METRIC + "{"):
-            labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
-            key = f"{labels['direction']}_r{labels['tp_rank']}"
-            out[key] = int(float(line.rsplit(" ", 1)[1]))
-    return out
+    """``<direction>_r<tp rank>`` -> bytes of the L3 counter
+    (``harness.metrics.l3_counters``, as the live tests read it)."""
+    return {f"{d}_r{rank}": n for (rank, d), n in l3_counters(server).items()}
 
 
 def disk(storage_dir: str) -> dict:

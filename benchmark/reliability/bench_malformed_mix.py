@@ -45,7 +45,7 @@ from pathlib import Path
 
 import requests
 
-from benchmark.bench_meta import run_dir, run_metadata
+from benchmark.bench_meta import percentile, run_dir, run_metadata
 from harness.live_server import LiveServer, assert_all_gone
 from harness.request_fuzz import named_cases
 
@@ -137,15 +137,6 @@ def run_mode(base_url, clients, cases) -> dict:
     return dict(wall_s=time.perf_counter() - t0, records=records)
 
 
-def pct(xs, q):
-    xs = sorted(xs)
-    if not xs:
-        return None
-    k = (len(xs) - 1) * q / 100
-    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
-
 def summarize(records: list[dict], wall_s: float | None = None) -> dict:
     good = [r for r in records if r["kind"] == "good"]
     bad = [r for r in records if r["kind"] == "bad"]
@@ -161,9 +152,9 @@ def summarize(records: list[dict], wall_s: float | None = None) -> dict:
                 key=lambda kv: kv[0],
             )
         ),
-        p50_ms=pct(lat, 50) * 1e3,
-        p90_ms=pct(lat, 90) * 1e3,
-        p99_ms=pct(lat, 99) * 1e3,
+        p50_ms=percentile(lat, 50) * 1e3,
+        p90_ms=percentile(lat, 90) * 1e3,
+        p99_ms=percentile(lat, 99) * 1e3,
         mean_ms=statistics.fmean(lat) * 1e3,
     )
     if wall_s:

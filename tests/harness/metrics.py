@@ -23,3 +23,22 @@ def routing_outcomes(server) -> dict:
         how = dict(labels)["outcome"]
         out[how] = out.get(how, 0.0) + value
     return out
+
+
+def total(text: str, name: str) -> float:
+    """One Prometheus series of a /metrics page summed over its labels."""
+    return sum(scrape(text, name).values())
+
+
+# Bytes each TP rank of a rank-sharded host tier wrote to and read from L3.
+L3_METRIC = "sglang:hicache_rank_shard_l3_bytes_total"
+
+
+def l3_counters(server) -> dict:
+    """(tp_rank, direction) -> bytes of the rank-sharded L3 counter, from the
+    server's /metrics (any L3 backend)."""
+    out = {}
+    for labels, value in scrape(server.get("/metrics").text, L3_METRIC).items():
+        labels = dict(labels)
+        out[(int(labels["tp_rank"]), labels["direction"])] = int(value)
+    return out

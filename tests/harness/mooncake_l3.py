@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness.metrics import scrape
+from harness.metrics import l3_counters
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 try:
@@ -30,7 +30,6 @@ try:
 finally:
     sys.path.pop(0)
 
-L3_METRIC = "sglang:hicache_rank_shard_l3_bytes_total"
 SHARD_KEY = re.compile(r"^.*_([0-9a-f]{64})_rankshard-rr-tp2-r(\d)_(k|indexer)$")
 REPLICATED_KEY = re.compile(r"^.*_([0-9a-f]{64})__(k|indexer)$")
 WARMUP_KEY = re.compile(r"^sglang_mooncake_store_warmup_key[0-9a-f]+$")
@@ -79,16 +78,6 @@ def objects(store: MooncakeStore) -> dict:
             out["replicated"][key] = sizes.get(key)
         else:
             out["other"].append(key)
-    return out
-
-
-def l3_counters(server) -> dict:
-    """(tp_rank, direction) -> bytes of the rank-sharded L3 counter, from the
-    server's /metrics."""
-    out = {}
-    for labels, value in scrape(server.get("/metrics").text, L3_METRIC).items():
-        labels = dict(labels)
-        out[(int(labels["tp_rank"]), labels["direction"])] = int(value)
     return out
 
 

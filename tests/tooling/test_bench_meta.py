@@ -42,3 +42,11 @@ def test_run_dir_is_one_folder_per_run(tmp_path):
     path = bench_meta.run_dir(tmp_path / "results", "routing-quick")
     assert path.is_dir() and path.parent == tmp_path / "results"
     assert re.fullmatch(r"\d{8}T\d{4}Z-routing-quick", path.name), path.name
+
+
+def test_one_percentile_interpolates_between_ranks():
+    assert bench_meta.percentile([], 50) is None
+    assert bench_meta.percentile([3.0], 99) == 3.0
+    assert bench_meta.percentile([4, 1, 3, 2], 50) == 2.5
+    assert bench_meta.percentile(range(101), 90) == 90
+    assert bench_meta.percentile([0, 10], 99) == 9.9

@@ -68,7 +68,6 @@ prefill drops an abort that beats the request).
 """
 
 import random
-import re
 import time
 import unittest
 from concurrent.futures import ThreadPoolExecutor
@@ -88,7 +87,7 @@ from harness.kv_events import (
     publisher_port,
 )
 from harness.live_server import LiveServer, assert_all_gone, free_port, greedy
-from harness.metrics import routing_outcomes
+from harness.metrics import routing_outcomes, total
 from harness.pd_stall import PD_DEBUG_ENV, StallWatch, stall_bound
 
 register_cpu_ci(est_time=300, suite="base-b-test-cpu")
@@ -342,13 +341,7 @@ def probe_stall_capture(decode, bootstrap_port) -> dict:
 
 def loaded_back_tokens(server) -> float:
     """Tokens the decode worker restored from its host tier (all ranks)."""
-    text = server.get("/metrics").text
-    return sum(
-        float(v)
-        for v in re.findall(
-            r"^sglang:load_back_tokens_total\{[^}]*\} (\S+)$", text, re.M
-        )
-    )
+    return total(server.get("/metrics").text, "sglang:load_back_tokens_total")
 
 
 def workload() -> list[tuple[str, str]]:
