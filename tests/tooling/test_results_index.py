@@ -92,3 +92,15 @@ def test_run_folder_row_has_key_figures(tmp_path):
     assert "replicated 100.0 ms; sharded 55.0 ms" in cells[5]
     assert "sharded / replicated **0.550**" in cells[5]
     assert cells[6] == "–"  # these records name no command
+
+
+def test_no_two_result_images_are_the_same():
+    # a run whose figure equals an earlier run's names that run in its README
+    import hashlib
+
+    seen = {}
+    for image in sorted((ROOT / "benchmark").glob("*/results/*/*.png")):
+        digest = hashlib.sha256(image.read_bytes()).hexdigest()
+        rel = image.relative_to(ROOT)
+        assert digest not in seen, f"{rel} is the same image as {seen[digest]}"
+        seen[digest] = rel
