@@ -142,8 +142,8 @@ class TestActivationMatrix(unittest.TestCase):
             ),
             (
                 get_memory,
-                dict(hicache_storage_backend="mooncake"),
-                "--hicache-storage-backend mooncake",
+                dict(hicache_storage_backend="hf3fs"),
+                "--hicache-storage-backend hf3fs",
             ),
             (get_memory, dict(hicache_host_memory_mode="buffer_only"), "buffer_only"),
             (

@@ -169,13 +169,18 @@ class TestRankShardL3Activation(unittest.TestCase):
         self.assertEqual(self.reasons("file"), [])
 
     def test_another_backend_is_named_with_why(self):
-        for backend in ("mooncake", "hf3fs", "sim"):
+        # file and mooncake store one shard object per rank (mooncake through
+        # the sharded pools' page buffer meta); the others are refused
+        for backend in ("file", "mooncake"):
+            self.assertEqual(self.reasons(backend), [], backend)
+        for backend in ("hf3fs", "nixl", "sim"):
             self.assertEqual(
                 self.reasons(backend),
                 [
                     f"--hicache-storage-backend {backend} (rank-sharded L3 covers "
-                    "only file: the zero-copy page buffer meta and keys of other "
-                    "backends address unsharded MLA pages)"
+                    "only file, mooncake: other backends key an MLA page without "
+                    "the rank that holds it or address the host pool as whole "
+                    "pages)"
                 ],
             )
 
