@@ -277,29 +277,3 @@ class MooncakeStore:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def main() -> int:
-    """Runs a store in the foreground until SIGINT / SIGTERM, printing the
-    flags that point a server at it."""
-    import argparse
-
-    parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
-    parser.add_argument("--segment", default="512 MB")
-    args = parser.parse_args()
-    store = MooncakeStore(segment=args.segment)
-    print(" ".join(store.server_args()), flush=True)
-    stop = []
-    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-    try:
-        while not stop:
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        print(store.stop(), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
