@@ -606,6 +606,17 @@ CONTROLS = (
         "controller, not its launcher (fixes/0011 without its notify_pid)",
     ),
     Control(
+        name="mooncake-master-not-probed-live",
+        level="full",  # a launcher run that waits out Mooncake's setup retries
+        module="srt/mem_cache/storage/mooncake_store/startup_check.py",
+        old="    _probe(str(master), field)\n",
+        new="    pass  # negative control: the master is not probed\n",
+        tests=(R + "server/test_startup_refusals.py",),
+        expected=("master_server_address",),
+        what="a Mooncake master address nothing listens on is not refused at "
+        "server-args resolution (fixes/0023 without its probe)",
+    ),
+    Control(
         name="valid-stop-token-id-refused",
         level="full",  # a unit test, kept out of CI's cheap set for time (23 s)
         module="srt/sampling/sampling_params.py",
