@@ -380,17 +380,32 @@ CONTROLS = (
         what="a load queued for a restore the group failed waits for another restore",
     ),
     Control(
-        name="rank-shard-decode-l3-attach-allowed",
+        name="rank-shard-decode-l3-refused",
         level="cheap",
-        module="srt/mem_cache/hicache_rank_shard/storage.py",
-        old='    if disaggregation_mode == "decode":\n',
-        new="    if False:  # negative control: decode L3 not refused\n",
+        module="srt/mem_cache/hicache_rank_shard/config.py",
+        old="    need(storage_refusal is None, storage_refusal)\n",
+        new="    need(storage_refusal is None and get_disagg().disaggregation_mode "
+        '!= "decode", storage_refusal or "decode L3")  # negative control\n',
         tests=(RANK_SHARD_L3 + "Activation",),
-        expected=(
-            "test_file_on_a_pd_decode_worker_is_refused_naming_the_flag",
-            "test_a_runtime_attach_on_a_pd_decode_worker_is_refused_the_same",
+        expected=("test_l3_on_a_pd_decode_worker_is_accepted",),
+        what="L3 refused again on a rank-sharded PD decode worker",
+    ),
+    Control(
+        name="decode-l3-shard-keys-shared",
+        level="full",
+        module="srt/mem_cache/hicache_rank_shard/storage.py",
+        old="        self.key_suffix = shard_key_suffix(tp_size, rank, rule)\n",
+        new="        self.key_suffix = shard_key_suffix(tp_size, 0, rule)  "
+        "# negative control\n",
+        tests=(
+            R + "unit/disaggregation/test_decode_hicache_rank_shard_l3.py"
+            "::TestRankShardedDecodeL3"
+            "::test_two_phase_prefetch_is_held_and_restored_alike_with_a_slow_rank",
         ),
-        what="an L3 backend on a rank-sharded PD decode worker, at startup or attach",
+        expected=(
+            "test_two_phase_prefetch_is_held_and_restored_alike_with_a_slow_rank",
+        ),
+        what="every rank of a decode shard group stores and reads rank 0's objects",
     ),
     Control(
         name="rank-shard-decode-worker-refused",

@@ -421,7 +421,7 @@ def _l3_stack(rank, world_size, seed_flag, storage_dir, policy, tree_core):
     import os
 
     os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = storage_dir
-    return _stack(
+    stack = _stack(
         rank,
         world_size,
         seed_flag,
@@ -432,6 +432,11 @@ def _l3_stack(rank, world_size, seed_flag, storage_dir, policy, tree_core):
         ),
         tree_core=tree_core,
     )
+    cc = stack.cache.cache_controller
+    if cc.rank_shard is not None:
+        # The scheduler sets the load fence on every HiCache controller.
+        cc.load_fence_stream = torch.cpu.current_stream()
+    return stack
 
 
 def _settle_storage(stack, ticks: int = 250) -> None:
@@ -465,28 +470,66 @@ def l3_two_phase(
     max_steps: int = 100,
     prefix_tokens: int = 256,
     tree_core: str = "python",
+    slow_rank: int | None = None,
+    drop_shard: tuple[int, int] | None = None,
+    variant: str | None = None,
 ) -> dict:
     """A prefix that lives only in L3 storage (file backend): written through
     to host and storage, then evicted from device and host. A request for it
-    is admitted; ``seed_flag=True`` holds it until the L3 -> L2 prefetch lands."""
+    is admitted; ``seed_flag=True`` holds it until the L3 -> L2 prefetch lands.
+
+    For a group of TP ranks: ``slow_rank``'s L3 reads take 0.3 s a batch
+    longer; ``drop_shard=(rank, page)`` deletes that rank's object of that
+    page (a rank-sharded tier stores one object per rank and page) before
+    the request. Negative control (``variant``): ``same_key`` gives every
+    rank of a rank-sharded group rank 0's object key."""
+    import os
     import time
 
+    import torch.distributed as dist
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
+    from sglang.srt.mem_cache.hicache_storage import PoolName
 
     from harness.stacks.decode_hicache_stack import random_tokens
 
     stack = _l3_stack(rank, world_size, seed_flag, storage_dir, policy, tree_core)
+    cc = stack.cache.cache_controller
+    shard = cc.rank_shard
+    if variant == "same_key":
+        from sglang.srt.mem_cache.hicache_rank_shard.storage import shard_key_suffix
+
+        backend = cc.storage_backend
+        backend.config_suffix = backend.config_suffix.replace(
+            shard.l3.key_suffix, shard_key_suffix(world_size, 0)
+        )
+    if rank == slow_rank:
+        get = cc.page_get_func
+
+        def slow_get(*args, **kwargs):
+            time.sleep(0.3)
+            return get(*args, **kwargs)
+
+        cc.page_get_func = slow_get
     rng = random.Random(11)
     gen = torch.Generator().manual_seed(11)
     prefix = random_tokens(rng, prefix_tokens)
     cached = stack.cache_prefix(prefix, gen)
     _settle_storage(stack)
     evicted = (stack.evict_device(prefix_tokens), stack.evict_host(10_000))
+    dropped = _drop_shard(stack, storage_dir, prefix, drop_shard, world_size)
     start = stack.snapshot()
+    l3_read_before = shard.l3.bytes_read if shard is not None else None
 
     dr = stack.make_request("r0", prefix + random_tokens(rng, 64))
     stack.prealloc.queue.append(dr)
-    out = dict(evicted=evicted, admitted_at=None, sglang=sglang_identity())
+    out = dict(
+        evicted=evicted,
+        admitted_at=None,
+        sglang=sglang_identity(),
+        sharded=shard is not None,
+        dropped=dropped,
+        objects=sorted(f for f in os.listdir(storage_dir) if f.endswith(".bin")),
+    )
     t0 = time.perf_counter()
     for step in range(max_steps):
         admitted, failed = stack.admit()
@@ -529,7 +572,43 @@ def l3_two_phase(
     _finish_or_abort(stack, dr, cached, out)
     _settle_storage(stack)
     out["host_lock_refs"] = _host_lock_refs(stack)
+    if shard is not None:
+        out["l3_bytes_read"] = shard.l3.bytes_read - l3_read_before
+        out["kv_host_layers"] = list(
+            cc.mem_pool_host.get_pool(PoolName.KV)._target_layer_indices
+        )
+    if world_size > 1:
+        out["tree"] = _tree_state(stack.cache)
+        dist.barrier()
     return out
+
+
+def _drop_shard(stack, storage_dir, prefix, drop_shard, world_size) -> list:
+    """Rank 0 deletes ``drop_shard=(rank, page)``'s storage object of that
+    page of ``prefix`` (every rank waits for it). Returns the names deleted."""
+    import os
+
+    import torch.distributed as dist
+
+    if drop_shard is None:
+        return []
+    from sglang.srt.mem_cache.hicache_rank_shard.storage import shard_key_suffix
+    from sglang.srt.mem_cache.utils import get_storage_hash_str
+
+    owner, page = drop_shard
+    page_hash = get_storage_hash_str(prefix, None, page_size=stack.page_size)[page]
+    suffix = shard_key_suffix(world_size, owner) + ".bin"
+    doomed = sorted(
+        name
+        for name in os.listdir(storage_dir)
+        if name.startswith(page_hash + "_") and name.endswith(suffix)
+    )
+    dist.barrier()
+    if dist.get_rank() == 0:
+        for name in doomed:
+            os.remove(os.path.join(storage_dir, name))
+    dist.barrier()
+    return doomed
 
 
 def _rust_tree_dump(core) -> str:

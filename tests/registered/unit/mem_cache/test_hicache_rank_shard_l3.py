@@ -184,36 +184,33 @@ class TestRankShardL3Activation(unittest.TestCase):
                 ],
             )
 
-    def test_file_on_a_pd_decode_worker_is_refused_naming_the_flag(self):
-        # A decode restore waits for its L3 prefetch by each rank's own
-        # check: not agreed across the shard group, so refused there.
+    def test_l3_on_a_pd_decode_worker_is_accepted(self):
+        # A decode restore's L3 wait is agreed across the shard group
+        # (the hit query's MIN, the MIN-reduced prefetch progress and ACK
+        # drain): test_decode_hicache_rank_shard_l3.py restores through it.
         from sglang.srt.runtime_context import get_disagg
 
         with get_disagg().override(
             disaggregation_mode="decode", disaggregation_decode_enable_radix_cache=True
         ):
-            self.assertEqual(
-                self.reasons("file"),
-                [
-                    "--hicache-storage-backend file on a PD decode worker (a "
-                    "decode restore's wait for its L3 prefetch is decided per "
-                    "rank, not agreed across the shard group)"
-                ],
-            )
-            self.assertEqual(self.reasons(None), [])
+            for backend in ("file", "mooncake", None):
+                self.assertEqual(self.reasons(backend), [], backend)
+            self.assertEqual(len(self.reasons("nixl")), 1)
 
-    def test_a_runtime_attach_on_a_pd_decode_worker_is_refused_the_same(self):
+    def test_a_runtime_attach_answers_as_startup_does(self):
         # /attach_hicache_storage_backend reaches the rank-shard context's
-        # check, which gives the startup refusal's reason line.
+        # check, which gives the startup refusal's reason line; a backend
+        # accepted at startup is accepted there too, on a decode worker too.
         from sglang.srt.mem_cache.hicache_rank_shard.plan import RankShardContext
         from sglang.srt.runtime_context import get_disagg
 
         with get_disagg().override(
             disaggregation_mode="decode", disaggregation_decode_enable_radix_cache=True
         ):
+            RankShardContext.check_storage_backend(None, "file")
             with self.assertRaises(ValueError) as ctx:
-                RankShardContext.check_storage_backend(None, "file")
-            startup = self.reasons("file")
+                RankShardContext.check_storage_backend(None, "nixl")
+            startup = self.reasons("nixl")
         self.assertEqual(len(startup), 1, startup)
         self.assertIn(startup[0], str(ctx.exception))
         RankShardContext.check_storage_backend(None, "file")  # prefill: accepted
