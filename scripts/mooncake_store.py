@@ -39,16 +39,12 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import quote
 
+from ports import free_port
+
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def port_free(port: int) -> bool:
@@ -138,10 +134,31 @@ class MooncakeStore:
         cmd += [f"--metadata_server={self.metadata_server}", "--protocol=tcp"]
         cmd += [f"--global_segment_size={self.segment}"]
         self.client = self._spawn("client", cmd)
-        self._wait(
-            lambda: (self.stats() or {}).get("master_total_capacity_bytes", 0) > 0,
-            "the client's segment mounted",
-        )
+        self.wait_mounted()
+
+    def capacity(self) -> float:
+        """Bytes of the segments the master has mounted (0 while it does
+        not answer)."""
+        return (self.stats() or {}).get("master_total_capacity_bytes", 0)
+
+    def wait_mounted(self) -> None:
+        """Until the client's segment is mounted (after ``start_client``, or
+        after ``start_master``: the client mounts it on the new master)."""
+        self._wait(lambda: self.capacity() > 0, "the client's segment mounted")
+
+    def wait_unmounted(self, timeout: float = READY_TIMEOUT_S) -> float:
+        """After ``stop_client``: until the master has dropped the client's
+        segment (it notices a client gone by its missed heartbeats, about
+        10 s; meanwhile a transfer to the segment fails); the seconds it took."""
+        start = time.monotonic()
+        while self.capacity() > 0:
+            if time.monotonic() - start > timeout:
+                raise TimeoutError(
+                    f"mooncake master still mounts the stopped client's segment "
+                    f"after {timeout} s"
+                )
+            time.sleep(0.2)
+        return time.monotonic() - start
 
     def stop_client(self) -> None:
         _stop_group(self.client)

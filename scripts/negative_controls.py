@@ -660,6 +660,61 @@ CONTROLS = (
         "counts as host hits",
     ),
     Control(
+        name="decode-restore-l3-part-counted-as-host-live",
+        level="full",
+        module="srt/disaggregation/decode_hicache_mixin.py",
+        old="        req.storage_hit_length = prefix_match.l3_storage_hit_length\n",
+        new="        req.storage_hit_length = 0  # negative control: no L3 part\n",
+        tests=(
+            R + "server/test_pd_decode_hicache_server.py::TestPdDecodeHiCacheServer"
+            "::test_decode_restores_a_prefix_only_in_l3_and_shares_it",
+        ),
+        expected=("test_decode_restores_a_prefix_only_in_l3_and_shares_it",),
+        what="a live PD decode restore from Mooncake L3 counted as host hits",
+    ),
+    Control(
+        name="decode-two-phase-l3-counted-as-host",
+        level="full",
+        module="srt/disaggregation/decode_hicache_mixin.py",
+        old="        storage = prefix_match.l3_storage_hit_length or min(\n",
+        new="        storage = prefix_match.l3_storage_hit_length or 0 * min(  "
+        "# negative control\n",
+        tests=(
+            R + "unit/disaggregation/test_decode_hicache_admission.py"
+            "::TestTwoPhaseL3Prefetch"
+            "::test_two_phase_waits_for_host_then_promises_only_what_landed",
+        ),
+        expected=("test_two_phase_waits_for_host_then_promises_only_what_landed",),
+        what="a two-phase decode L3 restore counted as host hits",
+    ),
+    Control(
+        name="mooncake-condition-logged-per-call",
+        level="full",
+        module="srt/mem_cache/storage/mooncake_store/health.py",
+        old="                if self.code and SEVERITY.index(code) >= "
+        "SEVERITY.index(self.code):\n                    return\n",
+        new="                pass  # negative control: every failed call logs\n",
+        tests=(R + "unit/mem_cache/test_mooncake_l3_faults.py",),
+        expected=(
+            "test_a_lost_master_logs_once_then_recovers",
+            "test_a_lost_segment_client_logs_once_then_recovers",
+        ),
+        what="a Mooncake store condition logged once per failed call",
+    ),
+    Control(
+        name="mooncake-health-not-hooked-live",
+        level="full",
+        module="srt/mem_cache/storage/mooncake_store/mooncake_store.py",
+        old="            self.store = observe_store_health(\n",
+        new="            self.store = (lambda store, *_: store)(  # negative control\n",
+        tests=(
+            R + "server/test_pd_decode_hicache_server.py::TestPdDecodeHiCacheServer"
+            "::test_l3_faults_serve_log_one_line_each_and_recover",
+        ),
+        expected=("test_l3_faults_serve_log_one_line_each_and_recover",),
+        what="the Mooncake backend's store calls not observed: no condition line",
+    ),
+    Control(
         name="prefill-drops-early-decode-abort-live",
         level="full",
         module="srt/disaggregation/mooncake/conn.py",

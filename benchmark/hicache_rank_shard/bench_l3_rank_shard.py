@@ -1,36 +1,40 @@
-"""The rank-sharded host tier with L3 storage (the ``file`` backend) on live TP=2
-CPU servers: L3 bytes per rank and restore time, sharded against replicated,
-and the same geometry's projection for DeepSeek-V3 / V3.2 at TP=4 and TP=8.
+"""The rank-sharded host tier with L3 on a real Mooncake store, on live TP=2 CPU
+servers: L3 bytes per rank and restore time, sharded against replicated and
+against 0.5.23 itself, and the same geometry's projection for DeepSeek-V3 /
+V3.2 at TP=4 and TP=8.
 
 For each model (``tiny-mla``: DeepSeek-V3, plain MLA, page size 1; ``tiny-dsa``:
-DeepSeek-V3.2, MLA + DSA indexer, page size 64) and each server
-(``SGLANG_ENABLE_HICACHE_RANK_SHARD=1`` and unset), the installed wheel's
-``sglang serve`` runs at ``--tp 2`` with HiCache (1024-token device pool,
-``--hicache-ratio 2``, direct io, ``page_first_direct``; ``harness.live_server``,
-127.0.0.1 only) and ``--hicache-storage-backend file --hicache-write-policy
-write_through --hicache-storage-prefetch-policy wait_complete`` on a fresh
-directory (``SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR``). A first server sends
-``--prompts`` greedy prompts of ``--words`` tokens and stops once its pages are
-on disk; a second one, restarted on the same directory, sends them again: each
-revisit is served from L3 (``cached_tokens_details`` storage).
+DeepSeek-V3.2, MLA + DSA indexer, page size 64) and each server (our wheel
+with ``SGLANG_ENABLE_HICACHE_RANK_SHARD=1``, the same wheel with it unset, and
+the pristine 0.5.23 wheel), ``sglang serve`` runs at ``--tp 2`` with HiCache
+(1024-token device pool, ``--hicache-ratio 2``, direct io,
+``page_first_direct``; ``harness.live_server``, 127.0.0.1 only) and
+``--hicache-write-policy write_through --hicache-storage-prefetch-policy
+wait_complete`` on a fresh Mooncake store (``scripts/mooncake_store.py``: a
+master and a segment client, ``--hicache-storage-backend mooncake``; with
+``--backend file`` a fresh directory instead). A first server sends
+``--prompts`` greedy prompts of ``--words`` tokens and stops once its pages
+are in the store; a second one, started on the same store, sends them again:
+each revisit is served from L3 (``cached_tokens_details`` storage).
 
 Reported per model, server and rank: L3 bytes written (first server) and read
-(restarted server), the revisits' storage tokens, and the restore time (the
+(second server), the revisits' storage tokens, and the restore time (the
 revisits' mean wall time per request, L3 -> host -> device and the prefill of
 the unaligned tail), each with its ratio to the replicated server of the same
 run. The sharded server's bytes are its counters
-(``sglang:hicache_rank_shard_l3_bytes_total`` in /metrics); upstream has no
-per-rank counter, so the replicated server's come from its objects on disk and
-upstream's rule: rank 0 writes each whole page once, every rank reads each
-whole page it hits. The projection applies each rule to DeepSeek-V3 (61 layers
-+ 1 packed NextN layer, 576 bf16 per token and layer) and V3.2 (the same, plus
-a 132-byte indexer row per token and layer), page 64. The table is printed; the
+(``sglang:hicache_rank_shard_l3_bytes_total`` in /metrics), checked against
+the sizes of its shard objects in the store; upstream has no per-rank
+counter, so the others' come from their objects in the store and upstream's
+rule: rank 0 writes each whole page once, every rank reads each whole page it
+hits. The projection applies each rule to DeepSeek-V3 (61 layers + 1 packed
+NextN layer, 576 bf16 per token and layer) and V3.2 (the same, plus a
+132-byte indexer row per token and layer), page 64. The table is printed; the
 JSON (run metadata with the git revision and series label, the parameters,
 summaries, projection and per-request records) and a PNG go to ``--out``
 (default ``results/``; one folder per run).
 
 Run: ``.venv/bin/python -m benchmark.hicache_rank_shard.bench_l3_rank_shard``
-(eight server starts, several minutes on 2 cores).
+(twelve server starts, about 15 minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ import time
 from pathlib import Path
 
 from benchmark.bench_meta import run_dir, run_metadata
+from harness import mooncake_l3
 from harness.live_server import HICACHE_ARGS, LiveServer, assert_all_gone
 from harness.metrics import l3_counters
 
@@ -55,13 +60,15 @@ HERE = Path(__file__).resolve().parent
 TP, DEVICE_TOKENS, RATIO = 2, 1024, 2
 MODELS = ["tiny-mla", "tiny-dsa"]
 PAGE = {"tiny-mla": 1, "tiny-dsa": 64}
+# name: (wheel, environment)
 SERVERS = {
-    "sharded": {"SGLANG_ENABLE_HICACHE_RANK_SHARD": "1"},
-    "replicated": {"SGLANG_ENABLE_HICACHE_RANK_SHARD": "0"},
+    "sharded": ("patched", {"SGLANG_ENABLE_HICACHE_RANK_SHARD": "1"}),
+    "replicated": ("patched", {"SGLANG_ENABLE_HICACHE_RANK_SHARD": "0"}),
+    "0.5.23": ("upstream", {}),
 }
+BACKENDS = ("mooncake", "file")
+STORE_SEGMENT = "512 MB"
 L3_ARGS = [
-    "--hicache-storage-backend",
-    "file",
     "--hicache-write-policy",
     "write_through",
     "--hicache-storage-prefetch-policy",
@@ -82,9 +89,9 @@ PROJECTION_MODELS = {
 PROJECTION_PAGE = 64
 
 
-def server_args() -> list[str]:
+def server_args(l3: list[str]) -> list[str]:
     args = ["--tp", str(TP), "--max-total-tokens", str(DEVICE_TOKENS)]
-    return args + HICACHE_ARGS + ["--hicache-ratio", str(RATIO)] + L3_ARGS
+    return args + HICACHE_ARGS + ["--hicache-ratio", str(RATIO)] + L3_ARGS + l3
 
 
 def counters(server) -> dict:
@@ -111,13 +118,61 @@ def disk(storage_dir: str) -> dict:
     return out
 
 
-def settled(server, storage_dir: str, sharded: bool, timeout: float = 120.0):
-    """Waits until the objects on disk stop growing between two polls (and,
-    sharded, every rank's written counter equals its bytes on disk)."""
+def store_bytes(store) -> dict:
+    """The Mooncake store's objects, shaped as ``disk`` shapes the file
+    backend's: bytes in all, per shard rank (sharded), and one page's object
+    of each kind per rank or in all."""
+    objs = mooncake_l3.objects(store)
+    out = {"all": 0, "object": {}}
+    for rank, keys in objs["sharded"].items():
+        for key, size in keys.items():
+            out["all"] += size
+            out[f"r{rank}"] = out.get(f"r{rank}", 0) + size
+            out["object"][f"r{rank}.{mooncake_l3.kind_of(key)}"] = size
+    for key, size in objs["replicated"].items():
+        out["all"] += size
+        kind = "kv" if mooncake_l3.kind_of(key) == "k" else "indexer"
+        out["object"][f"all.{kind}"] = size
+    return out
+
+
+class L3:
+    """The L3 of one (model, server) run: a fresh Mooncake store or file
+    directory; ``args`` and ``env`` point a server at it, ``bytes()`` reads
+    what it holds."""
+
+    def __init__(self, backend: str, label: str):
+        self.backend = backend
+        self.store = self.dir = None
+        if backend == "mooncake":
+            self.store = mooncake_l3.MooncakeStore(segment=STORE_SEGMENT)
+            self.args, self.env = self.store.server_args(), {}
+        else:
+            self.dir = tempfile.mkdtemp(prefix=f"bench-l3-rank-shard-{label}-")
+            self.args = ["--hicache-storage-backend", "file"]
+            self.env = {"SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": self.dir}
+
+    def bytes(self) -> dict:
+        return store_bytes(self.store) if self.store else disk(self.dir)
+
+    def stats(self) -> dict | None:
+        return self.store.stats() if self.store else None
+
+    def close(self) -> None:
+        if self.store:
+            held = self.store.stop()["held_ports"]
+            assert not held, f"the Mooncake store's ports still held: {held}"
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def settled(server, l3: L3, sharded: bool, timeout: float = 120.0):
+    """Waits until the L3 objects stop growing between two polls (and,
+    sharded, every rank's written counter equals its bytes in L3)."""
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
-        now = disk(storage_dir)
+        now = l3.bytes()
         ok = now == last
         if sharded:
             c = counters(server)
@@ -146,30 +201,32 @@ def one(server, text: str) -> dict:
 
 
 def run_server(model: str, name: str, args) -> dict:
-    storage_dir = tempfile.mkdtemp(prefix=f"bench-l3-rank-shard-{model}-{name}-")
-    env = dict(SERVERS[name], SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR=storage_dir)
+    tree, env = SERVERS[name]
     rng = random.Random(args.seed)
     texts = [
         " ".join(rng.choice(WORDS) for _ in range(args.words))
         for _ in range(args.prompts)
     ]
     sharded = name == "sharded"
+    l3 = L3(args.backend, f"{model}-{name}")
+    env = {**env, **l3.env}
     try:
-        server = LiveServer("patched", server_args(), env=env, name=name, model=model)
+        server = LiveServer(tree, server_args(l3.args), env=env, name=name, model=model)
         try:
             first = [one(server, t) for t in texts]
-            on_disk = settled(server, storage_dir, sharded)
+            on_disk = settled(server, l3, sharded)
             first_counters = counters(server) if sharded else {}
         finally:
             assert_all_gone(server.stop())
-        server = LiveServer("patched", server_args(), env=env, name=name, model=model)
+        server = LiveServer(tree, server_args(l3.args), env=env, name=name, model=model)
         try:
             revisits = [one(server, t) for t in texts]
             restart_counters = counters(server) if sharded else {}
         finally:
             assert_all_gone(server.stop())
+        store_stats = l3.stats()
     finally:
-        shutil.rmtree(storage_dir, ignore_errors=True)
+        l3.close()
     page = PAGE[model]
     stored_pages = sum(r["storage"] for r in revisits) // page
     ranks = []
@@ -185,12 +242,17 @@ def run_server(model: str, name: str, args) -> dict:
             written = on_disk["all"] if rank == 0 else 0
             read = stored_pages * whole
             source = "disk + upstream rule"
+        if sharded:
+            # the counter against the store's own sizes of this rank's objects
+            assert written == on_disk.get(f"r{rank}"), (rank, written, on_disk)
         ranks.append(dict(rank=rank, written=written, read=read, source=source))
     return dict(
         model=model,
         server=name,
+        backend=args.backend,
         page=page,
         on_disk=on_disk,
+        store_stats=store_stats,
         stored_pages=stored_pages,
         storage_tokens=sum(r["storage"] for r in revisits),
         restore_s=sum(r["seconds"] for r in revisits) / len(revisits),
@@ -248,7 +310,7 @@ def summarize(runs: list[dict]) -> list[dict]:
     for model in sorted({r["model"] for r in runs}):
         by = {r["server"]: r for r in runs if r["model"] == model}
         base = by.get("replicated")
-        for name in ("replicated", "sharded"):
+        for name in ("0.5.23", "replicated", "sharded"):
             run = by.get(name)
             if run is None:
                 continue
@@ -344,7 +406,8 @@ def plot(rows: list[dict], proj: list[dict], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     labels = [f"{r['model']}\n{r['server']} r{r['rank']}" for r in rows]
-    colors = ["tab:gray" if r["server"] == "replicated" else "tab:blue" for r in rows]
+    palette = {"0.5.23": "tab:orange", "replicated": "tab:gray", "sharded": "tab:blue"}
+    colors = [palette[r["server"]] for r in rows]
     axes[0].bar(labels, [r["read"] or 0 for r in rows], color=colors)
     axes[0].set_title("L3 bytes read per rank (restart revisits)")
     axes[1].bar(labels, [r["written"] for r in rows], color=colors)
@@ -380,17 +443,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--words", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--backend", choices=BACKENDS, default="mooncake")
+    parser.add_argument("--servers", nargs="+", default=list(SERVERS), choices=SERVERS)
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args(argv)
     runs = []
     for model in args.models:
-        for name in SERVERS:
+        for name in args.servers:
             runs.append(run_server(model, name, args))
     rows = summarize(runs)
     proj = projection()
     print_tables(rows, proj)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = run_dir(args.out, "l3-rank-shard") / "bench_l3_rank_shard"
+    stem = run_dir(args.out, f"l3-rank-shard-{args.backend}") / "bench_l3_rank_shard"
     meta = run_metadata()
     data = dict(
         **meta,
@@ -403,6 +468,8 @@ def main(argv: list[str]) -> int:
             words=args.words,
             seed=args.seed,
             l3_args=L3_ARGS,
+            backend=args.backend,
+            store_segment=STORE_SEGMENT if args.backend == "mooncake" else None,
         ),
         summary=rows,
         ratio_vs_replicated=ratios_vs_replicated(rows),

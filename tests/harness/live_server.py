@@ -30,6 +30,7 @@ ROOT = TESTS_DIR.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 try:
     import cpu_server  # noqa: E402
+    import ports  # noqa: E402
     import tiny_model  # noqa: E402
 finally:
     sys.path.pop(0)
@@ -41,9 +42,9 @@ HICACHE_ARGS = list(cpu_server.HICACHE_ARGS)
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((cpu_server.HOST, 0))
-        return s.getsockname()[1]
+    """A port for a server to listen on (``scripts/ports.py``: outside the
+    ephemeral range, where no outgoing connection takes it meanwhile)."""
+    return ports.free_port(cpu_server.HOST)
 
 
 def model_path(name: str = "tiny-llama") -> Path:

@@ -196,6 +196,8 @@ def _finish_or_abort(stack, dr, cached, out) -> None:
             for a, b in zip(rows, cached["rows"])
         )
     stack.finish(dr)
+    # the restored span's storage part, as cached_tokens_details reports it
+    out["storage_hit_length"] = getattr(dr.req, "storage_hit_length", None)
 
 
 def _host_lock_refs(stack) -> int:
@@ -433,7 +435,7 @@ def _l3_stack(rank, world_size, seed_flag, storage_dir, policy, tree_core):
         tree_core=tree_core,
     )
     cc = stack.cache.cache_controller
-    if cc.rank_shard is not None:
+    if getattr(cc, "rank_shard", None) is not None:
         # The scheduler sets the load fence on every HiCache controller.
         cc.load_fence_stream = torch.cpu.current_stream()
     return stack
@@ -494,7 +496,7 @@ def l3_two_phase(
 
     stack = _l3_stack(rank, world_size, seed_flag, storage_dir, policy, tree_core)
     cc = stack.cache.cache_controller
-    shard = cc.rank_shard
+    shard = getattr(cc, "rank_shard", None)  # hicache-rank-shard
     if variant == "same_key":
         from sglang.srt.mem_cache.hicache_rank_shard.storage import shard_key_suffix
 

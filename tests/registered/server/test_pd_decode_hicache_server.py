@@ -67,6 +67,7 @@ forever and prefill waits for its bootstrap timeout, fixes/0007; 0.5.23's
 prefill drops an abort that beats the request).
 """
 
+import json
 import random
 import time
 import unittest
@@ -75,6 +76,7 @@ from concurrent.futures import ThreadPoolExecutor
 import requests
 from sglang.test.ci.ci_register import register_cpu_ci
 
+from harness import mooncake_l3
 from harness.kv_events import (
     CPU,
     GPU,
@@ -123,7 +125,11 @@ DECODE_BASE = [
     "16",
     "--enable-metrics",
     *HICACHE_IO,
+    # /attach_hicache_storage_backend and /flush_cache (the L3 phase)
+    "--admin-api-key",
+    "pd-l3-admin",
 ]
+ADMIN = {"Authorization": "Bearer pd-l3-admin"}
 SEED_FLAGS = [
     # The burst decodes on both ranks at once: with equal batches the TP LM
     # head's all-to-all (on by default for a pure-DP decode node) runs, and
@@ -382,12 +388,182 @@ def run_workload(prefill, decode, bootstrap_port, round_robin=False) -> dict:
     return runs
 
 
+STORE_SEGMENT = "256 MB"  # the L3 phase puts a few hundred KB
+L3_MISS_KEY = "l3-phase-miss"  # a namespace nothing in the store has
+L3_WRITTEN_S = 60.0  # the write-through of the first visit reaches the store
+
+
+def admin_post(server, path, body=None, method="post"):
+    return requests.request(
+        method,
+        f"{server.base_url}{path}",
+        json=body or {},
+        headers=ADMIN,
+        timeout=120,
+    )
+
+
+def attach_l3(server, store) -> tuple:
+    """Attaches the store to a running decode worker (every DP rank):
+    ``wait_complete``, so a restore waits for its whole L3 prefetch, and
+    write-through, so a served prefix reaches the store."""
+    r = admin_post(
+        server,
+        "/hicache/storage-backend",
+        {
+            "hicache_storage_backend": "mooncake",
+            # prefetch from 64 tokens on (upstream's default 256 would
+            # leave every 200-token prompt here out of L3)
+            "hicache_storage_backend_extra_config_json": json.dumps(
+                store.extra_config(prefetch_threshold=64)
+            ),
+            "hicache_storage_prefetch_policy": "wait_complete",
+            "hicache_write_policy": "write_through",
+        },
+        method="put",
+    )
+    return r.status_code, r.text[:300]
+
+
+def page_objects(store) -> set:
+    """Upstream's (unsharded) MLA page objects in the store (their keys)."""
+    return set(mooncake_l3.objects(store)["replicated"])
+
+
+def wait_objects(store, before: set, count: int, timeout: float) -> int:
+    """Waits until ``count`` objects not in ``before`` are in the store (at
+    most ``timeout``); how many there are."""
+    deadline = time.monotonic() + timeout
+    while (n := len(page_objects(store) - before)) < count:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
+    return n
+
+
+def served(r) -> dict:
+    if "error" in r:
+        return dict(error=r["error"])
+    meta = r["meta_info"]
+    return dict(
+        rank=meta.get("dp_rank"),
+        cached=meta["cached_tokens"],
+        prompt=meta["prompt_tokens"],
+        details=meta.get("cached_tokens_details") or {},
+        output_ids=r["output_ids"],
+    )
+
+
+def l3_phase(prefill, decodes, bootstrap_port, store, text, page) -> dict:
+    """Decode HiCache with L3 on one Mooncake store (runtime-attached, after
+    the phases whose revisits must miss): the seed worker serves ``text``,
+    its pages reach the store, its cache is flushed (device and host), and
+    the revisit is restored L3 -> L2 -> L1 by the two-phase prefetch. Then
+    the generic worker, another instance on the same store, serves ``text``
+    under a namespace nothing stored has (a miss: prefill computes it all)
+    and as is: from the seed worker's objects."""
+    seed, generic = decodes["seed"], decodes["generic"]
+    out = dict(attach={n: attach_l3(d, store) for n, d in decodes.items()})
+    before = page_objects(store)
+    out["first"] = served(pd_generate(prefill, seed, bootstrap_port, text))
+    # a decode worker's tree holds the whole prompt (prefill sent every
+    # token's KV): its whole pages go to the store
+    full_pages = out["first"].get("prompt", 0) // page
+    out["full_pages"] = full_pages
+    out["objects_written"] = wait_objects(store, before, full_pages, L3_WRITTEN_S)
+    flushed = admin_post(seed, "/flush_cache")
+    out["flush"] = (flushed.status_code, flushed.text[:200])
+    before = loaded_back_tokens(seed)
+    out["revisit"] = served(pd_generate(prefill, seed, bootstrap_port, text))
+    out["revisit"]["loaded_back"] = loaded_back_tokens(seed) - before
+    out["generic_miss"] = served(
+        pd_generate(prefill, generic, bootstrap_port, text, L3_MISS_KEY)
+    )
+    out["generic_shared"] = served(pd_generate(prefill, generic, bootstrap_port, text))
+    out["store"] = store.stats()
+    return out
+
+
+# What fixes/0024 logs, once per change of the store's condition: the master
+# stopped is RPC_FAIL; the segment client stopped, once the master dropped its
+# segment, leaves no segment to put into (NO_AVAILABLE_HANDLE).
+L3_DOWN_LINES = {
+    "master": "Mooncake L3 master unreachable (RPC_FAIL)",
+    "client": "Mooncake L3 no space (NO_AVAILABLE_HANDLE",
+}
+L3_LINE = "] Mooncake L3 "
+L3_BACK_LINE = "Mooncake L3 back after "
+L3_QUIET_S = 5.0  # fixes/0024's RECOVERED_QUIET_S
+L3_BACK_TRIES = 8
+
+
+def fault_phase(prefill, decode, bootstrap_port, store, rng, page) -> dict:
+    """The store's parts taken away and brought back while ``decode`` (L3
+    attached) serves: the master stopped, two new prompts, the master
+    started again (the client mounts its segment on it) and one more prompt
+    whose pages must reach the store, then another once the recovery's quiet
+    period passed; the same with the segment client (stopped and dropped by
+    the master). Returns per part each answer, the seconds each took, the
+    objects stored after the recovery and the decode's L3 log lines of the
+    part."""
+
+    def prompt():
+        return " ".join(rng.choice(WORDS) for _ in range(PROMPT_WORDS))
+
+    def ask():
+        start = time.monotonic()
+        r = served(pd_generate(prefill, decode, bootstrap_port, prompt()))
+        r["seconds"] = round(time.monotonic() - start, 2)
+        return r
+
+    def ask_stored():
+        before = page_objects(store)
+        r = ask()
+        full = r.get("prompt", 0) // page
+        r["stored"] = wait_objects(store, before, full, L3_WRITTEN_S)
+        r["full"] = full
+        return r
+
+    def l3_lines():
+        # the server's log is its stdout and stderr, one after the other:
+        # the L3 lines (one stream) are only ever appended to
+        return [x for x in decode.log_text().splitlines() if L3_LINE in x]
+
+    out = {}
+    for part, stop, start in (
+        ("master", store.stop_master, store.start_master),
+        ("client", store.stop_client, store.start_client),
+    ):
+        mark = len(l3_lines())
+        stop()
+        if part == "client":
+            store.wait_unmounted()
+        down = [ask(), ask()]
+        start()
+        store.wait_mounted()
+        back = ask_stored()
+        # the recovery is logged at the first success a quiet period after
+        # the last failure (fixes/0024); calls issued while the part was
+        # away may still be failing (each waits for its timeout): prompts
+        # a quiet period apart until the line is there
+        for _ in range(L3_BACK_TRIES):
+            time.sleep(L3_QUIET_S + 1)
+            after = ask_stored()
+            if any(L3_BACK_LINE in x for x in l3_lines()[mark:]):
+                break
+        out[part] = dict(down=down, back=back, after=after)
+        out[part]["lines"] = l3_lines()[mark:]
+    return out
+
+
 class TestPdDecodeHiCacheServer(unittest.TestCase):
     results: dict = {}
 
     @classmethod
     def setUpClass(cls):
         bootstrap_port = free_port()
+        store = mooncake_l3.MooncakeStore(segment=STORE_SEGMENT)
+        cls.addClassCleanup(cls.stop_store, store)
         prefill_args = ["--disaggregation-mode", "prefill", *TRANSFER]
         prefill_args += ["--disaggregation-bootstrap-port", str(bootstrap_port)]
         prefill_args += ["--disable-radix-cache"]
@@ -435,6 +611,14 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
                 meta=pd_burst(prefill, seed, bootstrap_port, burst, 2, BURST_ROUTED_S)
             )
             cls.results["burst"]["outcomes"] = delta(routing_outcomes(seed), before)
+            l3_text = " ".join(rng.choice(WORDS) for _ in range(PROMPT_WORDS))
+            page = cls.results["page"]
+            cls.results["l3"] = l3_phase(
+                prefill, decodes, bootstrap_port, store, l3_text, page
+            )
+            cls.results["l3_faults"] = fault_phase(
+                prefill, decodes["generic"], bootstrap_port, store, rng, page
+            )
             for name, decode in decodes.items():
                 cls.results[name] = dict(
                     info=decode.get("/server_info").json(),
@@ -460,6 +644,58 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
             for server in (*decodes.values(), prefill):
                 pids += server.stop()
         assert_all_gone(pids)
+
+    @staticmethod
+    def stop_store(store):
+        held = store.stop()["held_ports"]
+        assert not held, f"the Mooncake store's ports still held: {held}"
+
+    def test_decode_restores_a_prefix_only_in_l3_and_shares_it(self):
+        l3 = self.results["l3"]
+        print("l3:", {k: v for k, v in l3.items() if k != "store"})
+        print("l3 store:", l3["store"])
+        self.assertEqual(l3["attach"], {n: (200, l3["attach"][n][1]) for n in DECODES})
+        first = l3["first"]
+        self.assertEqual(first["cached"], 0, first)  # a new prompt
+        # every full page of the served prompt reached the store
+        self.assertGreaterEqual(l3["objects_written"], l3["full_pages"], l3)
+        self.assertEqual(l3["flush"][0], 200, l3["flush"])
+        # device and host flushed: every full page of the prompt restored
+        # L3 -> L2 (two-phase prefetch) -> L1, counted as storage
+        full = l3["full_pages"] * self.results["page"]
+        revisit = l3["revisit"]
+        self.assertEqual(revisit["details"].get("storage", 0), full, revisit)
+        self.assertEqual(revisit["cached"], full, revisit)
+        self.assertGreaterEqual(revisit["loaded_back"], full, revisit)
+        self.assertEqual(revisit["output_ids"], first["output_ids"])
+        # another decode instance on the store: a miss under a namespace
+        # nothing stored has, then the seed worker's pages as storage hits;
+        # the prefill server computes the same KV for both (one request at a
+        # time), so the same greedy tokens
+        miss, shared = l3["generic_miss"], l3["generic_shared"]
+        self.assertEqual(miss["cached"], 0, miss)
+        self.assertEqual(shared["details"].get("storage", 0), full, shared)
+        self.assertEqual(shared["cached"], full, shared)
+        self.assertEqual(shared["output_ids"], miss["output_ids"])
+
+    def test_l3_faults_serve_log_one_line_each_and_recover(self):
+        for part, phase in self.results["l3_faults"].items():
+            lines = phase.pop("lines")
+            print(f"l3 fault {part}:", phase, lines)
+            # every request served in full while the part was away, and after
+            for r in (*phase["down"], phase["back"], phase["after"]):
+                self.assertNotIn("error", r, (part, r))
+                self.assertEqual(len(r["output_ids"]), NEW_TOKENS, (part, r))
+                self.assertLess(r["seconds"], 30, (part, r))
+            # L3 resumed: every full page of the prompts after the recovery
+            # reached the store
+            for r in (phase["back"], phase["after"]):
+                self.assertGreaterEqual(r["stored"], r["full"], (part, r))
+            # one line when the part went away (the decode worker has one
+            # rank), however many calls failed, and one when it came back
+            self.assertEqual(len(lines), 2, (part, lines))
+            self.assertIn(L3_DOWN_LINES[part], lines[0], part)
+            self.assertIn(L3_BACK_LINE, lines[1], part)
 
     def test_a_stalled_request_is_captured(self):
         probe = self.results["probe"]

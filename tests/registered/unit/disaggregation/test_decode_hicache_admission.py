@@ -228,6 +228,8 @@ class TestTwoPhaseL3Prefetch(_OnlyInL3):
         self.assertEqual((r["l2"], r["l3"], r["promised"]), (256, 0, 256))
         self.assertEqual(r["status"], "ready")
         self.assertIs(r["restored_bytes_equal"], True)
+        # promised from host, but it came from L3: counted as storage hits
+        self.assertEqual(r["storage_hit_length"], 256)
         self.assertEqual(r["host_lock_refs"], 0)
 
     def test_two_phase_never_promises_what_did_not_land(self):

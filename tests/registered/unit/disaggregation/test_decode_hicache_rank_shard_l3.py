@@ -72,6 +72,8 @@ class Checks:
         first = {k: results[0][k] for k in keys}
         for r in results:
             self.assertTrue(r["sharded"], "rank shard did not activate")
+            # all of it came from L3: counted as storage hits
+            self.assertEqual(r["storage_hit_length"], promised)
             self.assertEqual({k: r[k] for k in keys}, first, f"rank {r}")
             self.assertEqual(r["tree"], results[0]["tree"], "the radix trees differ")
             self.assertEqual(r["host_lock_refs"], 0)
