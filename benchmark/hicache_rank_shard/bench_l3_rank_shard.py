@@ -404,7 +404,7 @@ def plot(rows: list[dict], proj: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 5))
     labels = [f"{r['model']}\n{r['server']} r{r['rank']}" for r in rows]
     palette = {"0.5.23": "tab:orange", "replicated": "tab:gray", "sharded": "tab:blue"}
     colors = [palette[r["server"]] for r in rows]
@@ -431,8 +431,9 @@ def plot(rows: list[dict], proj: list[dict], path: Path) -> None:
     axes[2].set_xticks(list(x), plabels)
     axes[2].set_title("projection: L3 MB read per 64-token page, all ranks")
     axes[2].legend()
-    for ax in axes:
-        ax.tick_params(axis="x", labelsize=7)
+    for ax in axes[:2]:
+        ax.tick_params(axis="x", labelsize=7, rotation=90)
+    axes[2].tick_params(axis="x", labelsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
