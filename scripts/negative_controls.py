@@ -648,7 +648,7 @@ CONTROLS = (
         name="decode-restore-l3-part-counted-as-host",
         level="full",  # a unit test, kept out of CI's cheap set for time
         module="srt/disaggregation/decode_hicache_mixin.py",
-        old="        req.storage_hit_length = prefix_match.l3_storage_hit_length\n",
+        old="        req.storage_hit_length = storage\n",
         new="        req.storage_hit_length = 0  # negative control: no L3 part\n",
         tests=(
             R + "unit/disaggregation/test_decode_restored_prefix_cached_tokens.py"
@@ -663,7 +663,7 @@ CONTROLS = (
         name="decode-restore-l3-part-counted-as-host-live",
         level="full",
         module="srt/disaggregation/decode_hicache_mixin.py",
-        old="        req.storage_hit_length = prefix_match.l3_storage_hit_length\n",
+        old="        req.storage_hit_length = storage\n",
         new="        req.storage_hit_length = 0  # negative control: no L3 part\n",
         tests=(
             R + "server/test_pd_decode_hicache_server.py::TestPdDecodeHiCacheServer"
