@@ -108,11 +108,14 @@ def test_each_group_applies_alone_at_its_recorded_lines(built_prs, tmp_path):
             )
 
 
-def test_decode_hicache_needs_the_host_span_lock_fix(built_prs, tmp_path):
-    # Negative control of the stacking: without the fix it builds on, the
-    # decode group does not apply to pristine 0.5.23.
+def test_decode_hicache_needs_the_fixes_it_builds_on(built_prs, tmp_path):
+    # Negative control of the stacking: without the fixes it builds on (the
+    # host-span lock; the restored prefix's cached-token split, whose storage
+    # line the two-phase L3 prefetch extends), the decode group does not apply
+    # to pristine 0.5.23.
     assert group_needs("decode-hicache") == [
-        "fixes/0005-lock-the-host-backed-span-of-a-decode-prefix-match-u.patch"
+        "fixes/0005-lock-the-host-backed-span-of-a-decode-prefix-match-u.patch",
+        "fixes/0008-count-a-pd-decode-prefix-restored-from-host-as-host.patch",
     ]
     patches = sorted(built_prs("decode-hicache").glob("*.patch"))
     outputs = _apply_alone(tmp_path, patches)
