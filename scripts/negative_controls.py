@@ -391,6 +391,19 @@ CONTROLS = (
         what="L3 refused again on a rank-sharded PD decode worker",
     ),
     Control(
+        name="rank-shard-decode-l3-attach-refused",
+        level="cheap",
+        module="srt/mem_cache/hicache_rank_shard/plan.py",
+        old="        reason = storage_backend_refusal(backend)\n",
+        new="        from sglang.srt.runtime_context import get_disagg  # negative control\n"
+        "        reason = storage_backend_refusal(backend) or (\n"
+        '            "decode L3" if get_disagg().disaggregation_mode == "decode" '
+        "else None\n        )\n",
+        tests=(RANK_SHARD_L3 + "Activation",),
+        expected=("test_a_runtime_attach_answers_as_startup_does",),
+        what="L3 refused again at a runtime attach on a rank-sharded PD decode worker",
+    ),
+    Control(
         name="decode-l3-shard-keys-shared",
         level="full",
         module="srt/mem_cache/hicache_rank_shard/storage.py",

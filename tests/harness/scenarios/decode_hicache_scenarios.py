@@ -485,7 +485,6 @@ def l3_two_phase(
     page (a rank-sharded tier stores one object per rank and page) before
     the request. Negative control (``variant``): ``same_key`` gives every
     rank of a rank-sharded group rank 0's object key."""
-    import os
     import time
 
     import torch.distributed as dist
@@ -530,7 +529,6 @@ def l3_two_phase(
         sglang=sglang_identity(),
         sharded=shard is not None,
         dropped=dropped,
-        objects=sorted(f for f in os.listdir(storage_dir) if f.endswith(".bin")),
     )
     t0 = time.perf_counter()
     for step in range(max_steps):

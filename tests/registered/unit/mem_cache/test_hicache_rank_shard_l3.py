@@ -207,7 +207,10 @@ class TestRankShardL3Activation(unittest.TestCase):
         with get_disagg().override(
             disaggregation_mode="decode", disaggregation_decode_enable_radix_cache=True
         ):
-            RankShardContext.check_storage_backend(None, "file")
+            try:
+                RankShardContext.check_storage_backend(None, "file")
+            except ValueError as e:
+                self.fail(f"file attach refused on a decode worker: {e}")
             with self.assertRaises(ValueError) as ctx:
                 RankShardContext.check_storage_backend(None, "nixl")
             startup = self.reasons("nixl")
