@@ -485,6 +485,26 @@ class TestRankShardLoadBackAgreement(unittest.TestCase):
         # the same run with the eviction on every rank loads as planned
         self.check(run_ranks_agreeing(env))
 
+    def test_the_rust_tree_core_is_verified_too(self):
+        # The servers' default tree core does not expose its nodes: its
+        # digest is what its interface tells (device token positions, sizes,
+        # free host slots). Trees that parted stop both ranks at the next
+        # vote as on the Python core; trees that did not part never do, and
+        # end with equal digests (check compares each rank's tree).
+        env = {**ON, "SGLANG_HICACHE_RANK_SHARD_VERIFY_EVERY": "1"}
+        rust = dict(tree_core="rust")
+        results = run_ranks(
+            load_back_agreement, 2, timeout=600, env=env, refuser_evicts=False, **rust
+        )
+        for r in results:
+            self.assertIn(
+                "the radix trees of shard group [0, 1] differ before load-back "
+                "vote #4",
+                r["parted"] or "",
+                r,
+            )
+        self.check(run_ranks_agreeing(env, **rust))
+
     def test_a_vote_no_peer_joins_fails_naming_the_vote_and_ranks(self):
         env = {**ON, "SGLANG_HICACHE_RANK_SHARD_EXCHANGE_TIMEOUT_S": "2"}
         results = run_ranks(vote_without_peer, 2, timeout=600, env=env)
