@@ -12,6 +12,9 @@ the live tests' fixture).
   ``global_segment_size`` 0 contributes none).
 
 It is ready when the master reports the client's segment mounted.
+``evict=False`` turns the master's eviction off, so a full segment stays full
+however slowly it was filled (with eviction on, a background thread frees room
+once the segment passes its watermark, and slow puts all succeed).
 ``server_args()`` are the flags that point an sglang server at it
 (``--hicache-storage-backend mooncake`` and its extra config); ``stats()``
 reads the master's own counters (keys, allocated bytes, put/get requests);
@@ -80,9 +83,11 @@ class MooncakeStore:
         segment: str = "512 MB",
         lease_ttl_ms: int | None = None,
         log_dir: str | None = None,
+        evict: bool = True,
     ):
         self.segment = segment
         self.lease_ttl_ms = lease_ttl_ms
+        self.evict = evict
         self.rpc_port, self.metadata_port = free_port(), free_port()
         self.metrics_port, self.client_port = free_port(), free_port()
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="mooncake-store-"))
@@ -124,6 +129,10 @@ class MooncakeStore:
         cmd += [f"--metrics_host={HOST}", f"--metrics_port={self.metrics_port}"]
         if self.lease_ttl_ms is not None:
             cmd += [f"--default_kv_lease_ttl={self.lease_ttl_ms}"]
+        if not self.evict:
+            # never above the watermark, and a failed put frees nothing: the
+            # segment fills and stays full until keys are removed
+            cmd += ["--eviction_high_watermark_ratio=1.0", "--eviction_ratio=0"]
         self.master = self._spawn("master", cmd)
         self._wait(lambda: self.stats() is not None, "the master's metrics")
 

@@ -6,9 +6,12 @@ the ``MooncakeDistributedStore`` client of ``mooncake-transfer-engine-non-cuda``
 set up as sglang's Mooncake backend sets it up (no segment of its own, TCP),
 wrapped as the backend wraps it. Each fault is made by the store itself:
 
-* full: 1 MB objects put until the segment has no room (NO_AVAILABLE_HANDLE;
-  the store evicts meanwhile, so puts fail and succeed by turns: one
-  condition); then some removed, and puts succeed again;
+* full: 1 MB objects put into a 16 MB segment on a master that does not
+  evict, so the 16 first fit and the rest find no room (NO_AVAILABLE_HANDLE)
+  however slowly they come (a master that evicts frees room behind slow
+  puts); then one removed: a put fits and the next finds no room again
+  (puts failing and succeeding by turns, as behind a store evicting at
+  capacity: one condition); then some removed, and puts succeed again;
 * the segment client stopped: a get of a stored object fails (TRANSFER_FAIL)
   until the master drops the segment, then a put finds no space; the client
   started again, a put succeeds;
@@ -35,6 +38,7 @@ FEATURE_GROUP = "series"  # the series group it tests (or "series")
 
 SEGMENT_MB = 16
 OBJECT = 1024 * 1024
+OVERFILL = 8  # puts past the segment's room
 HEALTH_LOGGER = "sglang.srt.mem_cache.storage.mooncake_store.health"
 RECOVER_S = 30.0  # a restarted master mounts the client's segment again
 
@@ -65,7 +69,7 @@ class TestMooncakeL3Faults(unittest.TestCase):
             observe_store_health,
         )
 
-        cls.store = mooncake_l3.MooncakeStore(segment=f"{SEGMENT_MB} MB")
+        cls.store = mooncake_l3.MooncakeStore(segment=f"{SEGMENT_MB} MB", evict=False)
         cls.addClassCleanup(cls.store.stop)
         client = MooncakeDistributedStore()
         rc = client.setup(
@@ -108,12 +112,19 @@ class TestMooncakeL3Faults(unittest.TestCase):
 
         # full: more objects than the segment holds
         mark = len(lines)
-        codes = [cls.put(f"fill-{i}") for i in range(SEGMENT_MB + 8)]
+        codes = [cls.put(f"fill-{i}") for i in range(SEGMENT_MB + OVERFILL)]
         out["fill_codes"] = codes
+        # by turns: room for one, then none again; the quiet period made long
+        # enough that the success cannot fall after it on a slow machine
+        health = cls.client.health
+        quiet, health.quiet_s = health.quiet_s, 3600.0
+        stored = [f"fill-{i}" for i, c in enumerate(codes) if c == 0]
+        cls.client.batch_remove(stored[:1], True)
+        out["turn_codes"] = [cls.put("turn-0"), cls.put("turn-1")]
+        health.quiet_s = quiet
         out["full_lines"] = lines[mark:]
         mark = len(lines)
-        stored = [f"fill-{i}" for i, c in enumerate(codes) if c == 0]
-        cls.client.batch_remove(stored[:4], True)
+        cls.client.batch_remove(stored[1:4], True)
         out["after_remove"] = cls.recover("after-remove", 5)
         out["full_back_lines"] = lines[mark:]
 
@@ -155,9 +166,11 @@ class TestMooncakeL3Faults(unittest.TestCase):
     def test_a_full_store_logs_once_then_recovers(self):
         r = self.results
         codes = r["fill_codes"]
-        # some puts fit, the rest find no room: NO_AVAILABLE_HANDLE
-        self.assertIn(0, codes)
-        self.assertGreaterEqual(codes.count(-200), 2, codes)
+        # a segment of SEGMENT_MB MB holds SEGMENT_MB objects of 1 MB; the
+        # rest find no room: NO_AVAILABLE_HANDLE
+        self.assertEqual(codes, [0] * SEGMENT_MB + [-200] * OVERFILL)
+        # the room one removal made fits one put, the next finds none
+        self.assertEqual(r["turn_codes"], [0, -200])
         self.one_line(r["full_lines"], "Mooncake L3 no space (NO_AVAILABLE_HANDLE")
         self.assertIn("batch_put_from answered -200", r["full_lines"][0])
         self.assertEqual(r["after_remove"], 0)
