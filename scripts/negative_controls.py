@@ -61,6 +61,20 @@ LEVELS = ("cheap", "full")
 TIMEOUT_S = {"cheap": 900, "full": 1800}
 
 R = "tests/registered/"
+# The Mooncake backend's zero-copy get (three controls mutate it), and the
+# mutation under which a rank-sharded server's gets report success and read
+# nothing (two of them: the DSA restart and the PD decode worker).
+MOONCAKE_GET = (
+    "            results = self.store.batch_get_into(key_strs, buffer_ptrs, "
+    "buffer_sizes)\n"
+)
+MOONCAKE_GET_READS_NOTHING = (
+    "            results = (  # negative control: a shard get reads nothing\n"
+    "                list(buffer_sizes) if self.rank_shard is not None\n"
+    "                else self.store.batch_get_into(key_strs, buffer_ptrs, "
+    "buffer_sizes)\n"
+    "            )\n"
+)
 DISPATCH = R + "unit/managers/test_cache_aware_dispatch.py"
 RANK_SHARD_MLA2 = (
     R + "unit/mem_cache/test_hicache_rank_shard.py::TestRankShardMlaTwoRanks"
@@ -256,6 +270,17 @@ CONTROLS = (
         what="every rank of a live server stores its L3 shard under rank 0's key",
     ),
     Control(
+        name="l3-shard-key-per-instance-live",
+        level="full",
+        module="srt/mem_cache/storage/mooncake_store/mooncake_store.py",
+        old='                self.config_prefix = "_".join(config_prefix_parts)\n',
+        new='                self.config_prefix = "_".join(config_prefix_parts) + str('
+        "os.getpid())  # negative control\n",
+        tests=(RANK_SHARD_SERVER_DSA + "::test_two_sharded_instances_share_one_store",),
+        expected=("test_two_sharded_instances_share_one_store",),
+        what="each live Mooncake L3 instance keys its objects for itself alone",
+    ),
+    Control(
         name="l3-read-bytes-counted-twice-live",
         level="full",
         module="srt/mem_cache/hicache_rank_shard/storage.py",
@@ -284,19 +309,43 @@ CONTROLS = (
         name="l3-shard-read-skipped-live",
         level="full",
         module="srt/mem_cache/storage/mooncake_store/mooncake_store.py",
-        old="            results = self.store.batch_get_into(key_strs, buffer_ptrs, "
-        "buffer_sizes)\n",
-        new="            results = (  # negative control: a shard get reads nothing\n"
-        "                list(buffer_sizes) if self.rank_shard is not None\n"
-        "                else self.store.batch_get_into(key_strs, buffer_ptrs, "
-        "buffer_sizes)\n"
-        "            )\n",
+        old=MOONCAKE_GET,
+        new=MOONCAKE_GET_READS_NOTHING,
         tests=(
             RANK_SHARD_SERVER_DSA + "::test_l3_restart_serves_revisits_from_storage",
         ),
         expected=("Lists differ",),
         what="a rank-sharded server's Mooncake gets report success and read "
         "nothing into its host tier",
+    ),
+    Control(
+        name="decode-l3-shard-read-of-rank-0-live",
+        level="full",
+        module="srt/mem_cache/storage/mooncake_store/mooncake_store.py",
+        old=MOONCAKE_GET,
+        new="            results = self.store.batch_get_into(  # negative control\n"
+        '                [k.replace("-r1_", "-r0_") for k in key_strs], buffer_ptrs, '
+        "buffer_sizes\n            )\n",
+        tests=(
+            R + "server/test_pd_decode_hicache_server.py::TestPdDecodeHiCacheServer"
+            "::test_a_rank_sharded_decode_worker_restores_its_shards_from_l3",
+        ),
+        expected=("Lists differ",),
+        what="a rank-sharded PD decode worker's rank 1 restores rank 0's L3 shard",
+    ),
+    Control(
+        name="decode-l3-shard-read-skipped-live",
+        level="full",
+        module="srt/mem_cache/storage/mooncake_store/mooncake_store.py",
+        old=MOONCAKE_GET,
+        new=MOONCAKE_GET_READS_NOTHING,
+        tests=(
+            R + "server/test_pd_decode_hicache_server.py::TestPdDecodeHiCacheServer"
+            "::test_a_rank_sharded_decode_worker_restores_its_shards_from_l3",
+        ),
+        expected=("Lists differ",),
+        what="a rank-sharded PD decode worker's Mooncake gets report success and "
+        "read nothing (the slots hold the fillers' KV)",
     ),
     Control(
         name="rank-shard-load-back-not-agreed",
@@ -337,6 +386,20 @@ CONTROLS = (
         ),
         expected=("test_verified_ranks_whose_trees_parted_stop_at_the_next_vote",),
         what="ranks whose radix trees parted go on loading under VERIFY_EVERY",
+    ),
+    Control(
+        name="rank-shard-rust-tree-not-verified",
+        level="full",
+        module="srt/mem_cache/hicache_rank_shard/load_back.py",
+        old="        return _interface_digest(cache)\n",
+        new="        return 0  # negative control: the Rust core's tree unread\n",
+        tests=(
+            R + "unit/mem_cache/test_hicache_rank_shard.py"
+            "::TestRankShardLoadBackAgreement"
+            "::test_the_rust_tree_core_is_verified_too",
+        ),
+        expected=("test_the_rust_tree_core_is_verified_too",),
+        what="the Rust tree core's ranks are not compared under VERIFY_EVERY",
     ),
     Control(
         name="rank-shard-allocation-not-agreed",
@@ -709,10 +772,24 @@ CONTROLS = (
         new="                pass  # negative control: every failed call logs\n",
         tests=(R + "unit/mem_cache/test_mooncake_l3_faults.py",),
         expected=(
+            "test_a_full_store_logs_once_then_recovers",
             "test_a_lost_master_logs_once_then_recovers",
             "test_a_lost_segment_client_logs_once_then_recovers",
         ),
         what="a Mooncake store condition logged once per failed call",
+    ),
+    Control(
+        name="mooncake-condition-ends-at-any-success",
+        level="full",
+        module="srt/mem_cache/storage/mooncake_store/health.py",
+        old="                if not self.code or now - self.last_failure < self.quiet_s:\n",
+        new="                if not self.code:  # negative control: no quiet period\n",
+        tests=(
+            R + "unit/mem_cache/test_mooncake_l3_faults.py::TestMooncakeL3Faults"
+            "::test_a_full_store_logs_once_then_recovers",
+        ),
+        expected=("test_a_full_store_logs_once_then_recovers",),
+        what="a store failing and succeeding by turns logged as many conditions",
     ),
     Control(
         name="mooncake-health-not-hooked-live",

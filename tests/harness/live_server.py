@@ -125,7 +125,11 @@ class LiveServer:
                     if proc.poll() is not None:
                         raise RuntimeError(f"server exited with code {proc.returncode}")
                 try:
-                    r = session.get(f"{self.base_url}/health_generate", timeout=5)
+                    # the server's verdict takes up to its HEALTH_CHECK_TIMEOUT
+                    # (20 s): a poll given up before it goes on in the server
+                    # beside the next ones (each a 1-token request: see
+                    # flush_cache for the one a ready server may still hold)
+                    r = session.get(f"{self.base_url}/health_generate", timeout=30)
                     if r.status_code == 200:
                         return
                 except requests.RequestException:
@@ -153,6 +157,29 @@ class LiveServer:
     def get(self, path: str, timeout: float = 30.0):
         return requests.get(f"{self.base_url}{path}", timeout=timeout)
 
+    def flush_cache(self, timeout: float = 60.0) -> None:
+        """Empties the radix cache once every DP rank is idle (upstream's
+        ``/flush_cache?timeout=``: each scheduler answers when its running
+        batch and queues are empty, and its channel is the one requests come
+        through). So it is also a barrier: whatever was sent before it, a
+        ``/health_generate`` of the start's polling included, has finished
+        when it returns. (The answer waits for every DP rank but carries DP
+        rank 0's outcome only.)"""
+        headers = {}
+        if "--admin-api-key" in self.extra_args:  # an admin route then
+            key = self.extra_args[self.extra_args.index("--admin-api-key") + 1]
+            headers["Authorization"] = f"Bearer {key}"
+        resp = requests.post(
+            f"{self.base_url}/flush_cache",
+            params={"timeout": timeout},
+            headers=headers,
+            timeout=timeout + 30,
+        )
+        if resp.status_code != 200:
+            raise AssertionError(
+                f"/flush_cache answered {resp.status_code}: {resp.text}"
+            )
+
     # -- logs and shutdown ------------------------------------------------
     def log_text(self) -> str:
         parts = []
@@ -162,8 +189,17 @@ class LiveServer:
         return "\n".join(parts)
 
     def log_tail(self, chars: int = 8000) -> str:
+        """The log's last ``chars``, after the first Python traceback in it
+        when that lies before them: where several processes crash, the
+        first crash is the cause and the tail holds its consequences (a
+        peer's collective failing, the launcher's shutdown)."""
         text = self.log_text()
-        return f"--- server log ({self.logdir}) ---\n" + text[-chars:]
+        head = ""
+        first = text.find("Traceback (most recent call last)")
+        if 0 <= first < len(text) - chars:
+            block = text[first : first + 3000].split("\n\n", 1)[0]
+            head = f"--- first traceback in the log ---\n{block}\n"
+        return f"--- server log ({self.logdir}) ---\n{head}" + text[-chars:]
 
     def _close_logs(self):
         for f in (self._out, self._err):

@@ -17,6 +17,16 @@ A prefix that came back from the host tier is thus recorded as the forward
 sees it after the load-back (and, rank-sharded, after the owner's broadcast).
 Two servers given the same sequential requests must write the same lines.
 
+``DIR/batches-rank<R>.jsonl`` gets one line per forward (at layer 0): extend
+or decode, each request's prefix and extend lengths, and under DP attention
+every DP rank's token count (``global_num_tokens_cpu``). Bytes are equal
+only between forwards of the same batches: on CPU a request sharing the
+forward with another one (a leftover ``/health_generate`` of the start's
+polling) changes its logits in the last bits, measured on the tiny MLA
+DP-attention server: up to 0.004 in a logprob, whether the other request
+runs on the same DP rank or the other one. So the tests compare these lines
+before the bytes.
+
 ``recording_h2d`` also logs every host->device copy of the host pools (the
 live benchmark's bytes per rank per load).
 
@@ -83,10 +93,38 @@ def record_prefix_rows(backend, layer_id: int, forward_batch, directory: str) ->
         f.write("".join(line + "\n" for line in lines))
 
 
+def record_batch(layer_id: int, forward_batch, directory: str) -> None:
+    """One line per forward, at layer 0: what ran in it, on this rank and,
+    under DP attention, on every DP rank."""
+    if layer_id != 0:
+        return
+    entry = {"bs": int(forward_batch.batch_size)}
+    if forward_batch.forward_mode.is_decode():
+        entry["mode"] = "decode"
+    else:
+        entry["mode"] = "extend"
+        entry["prefix"] = [int(n) for n in forward_batch.extend_prefix_lens_cpu or []]
+        entry["extend"] = [int(n) for n in forward_batch.extend_seq_lens_cpu or []]
+    if forward_batch.global_num_tokens_cpu is not None:
+        entry["global"] = [int(n) for n in forward_batch.global_num_tokens_cpu]
+    path = Path(directory) / f"batches-rank{_rank()}.jsonl"
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
 def recording_forward_extend(forward_extend, directory: str):
     def wrapped(self, q, k, v, layer, forward_batch, *args, **kwargs):
+        record_batch(layer.layer_id, forward_batch, directory)
         record_prefix_rows(self, layer.layer_id, forward_batch, directory)
         return forward_extend(self, q, k, v, layer, forward_batch, *args, **kwargs)
+
+    return wrapped
+
+
+def recording_forward_decode(forward_decode, directory: str):
+    def wrapped(self, q, k, v, layer, forward_batch, *args, **kwargs):
+        record_batch(layer.layer_id, forward_batch, directory)
+        return forward_decode(self, q, k, v, layer, forward_batch, *args, **kwargs)
 
     return wrapped
 
@@ -128,7 +166,7 @@ def read(
     directory: str | os.PathLike, ranks: int, prefix: str = "rank"
 ) -> list[list[dict]]:
     """Each rank's lines (``prefix`` ``rank``: the prefix rows; ``h2d-rank``:
-    the host->device copies)."""
+    the host->device copies; ``batches-rank``: the forwards)."""
     out = []
     for r in range(ranks):
         path = Path(directory) / f"{prefix}{r}.jsonl"

@@ -81,18 +81,32 @@ def objects(store: MooncakeStore) -> dict:
     return out
 
 
-def settled(server, store: MooncakeStore, timeout=60.0, base=None) -> dict:
+def shards_stored(shards: dict, pages, kinds) -> bool:
+    """Every rank (0, 1) holds a shard object of every page hash in ``pages``
+    and every kind in ``kinds`` (``shards``: ``objects()["sharded"]``)."""
+    held = {(r, page_of(k), kind_of(k)) for r in (0, 1) for k in shards.get(r, {})}
+    return all((r, p, k) in held for r in (0, 1) for p in pages for k in kinds)
+
+
+def settled(
+    server, store: MooncakeStore, timeout=60.0, base=None, pages=(), kinds=("k",)
+) -> dict:
     """Waits until every rank's written-bytes counter equals the sizes of its
-    shard objects in the store beyond ``base`` (rank -> bytes already there),
-    i.e. the backups of the workload have landed, at most ``timeout``; returns
-    the last counters and objects (rank -> {key: size}) either way."""
+    shard objects in the store beyond ``base`` (rank -> bytes already there)
+    and, with ``pages`` (page hashes), each rank's shard of each of them and
+    each of ``kinds`` is there: the backups of the workload have landed (a
+    poll before the first put lands sees the counters and the store alike
+    unchanged, which ``pages`` rules out), at most ``timeout``; returns the
+    last counters and objects (rank -> {key: size}) either way."""
     deadline = time.monotonic() + timeout
     while True:
         counters, shards = l3_counters(server), objects(store)["sharded"]
         grown = {
             r: sum(shards.get(r, {}).values()) - (base or {}).get(r, 0) for r in (0, 1)
         }
-        if all(counters.get((r, "written")) == grown[r] for r in (0, 1)):
+        if all(
+            counters.get((r, "written")) == grown[r] for r in (0, 1)
+        ) and shards_stored(shards, pages, kinds):
             break
         if time.monotonic() > deadline:
             break

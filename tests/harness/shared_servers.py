@@ -11,7 +11,10 @@ kills), at import time::
 and reads its result in ``setUpClass`` with ``shared_servers.result(KEY,
 "fuzz")``. The first ``result`` call starts every registered server at once,
 each in a thread (at most ``MAX_STARTING`` starting at a time): the cache is flushed before each work (``/flush_cache``, so
-one file's prompts are not another's cache hits), the works run in the order
+one file's prompts are not another's cache hits, and a barrier: it answers once
+every earlier request has finished), each server keeps a ``harness.load_record``
+record in ``server.record_dir`` (its forwards and the prefix rows they read, for a
+work to compare servers by), the works run in the order
 they were registered, the one registered with ``ends_server=True`` last (a
 request that kills the server; it may leave no server to stop), then the
 server is stopped by PID with its process tree and checked gone. pytest
@@ -24,10 +27,11 @@ fails every work registered on it.
 from __future__ import annotations
 
 import concurrent.futures
+import shutil
+import tempfile
 import threading
 
-import requests
-
+from harness import load_record
 from harness.live_server import LiveServer, assert_all_gone, model_path
 
 FLUSH_TIMEOUT_S = 60.0
@@ -83,31 +87,23 @@ def work(
     return k
 
 
-def flush_cache(server: LiveServer) -> None:
-    """Empties the radix cache; ``timeout`` lets the server finish what is
-    still in flight first (upstream's ``/flush_cache?timeout=``)."""
-    headers = {}
-    if "--admin-api-key" in server.extra_args:  # an admin route then
-        key = server.extra_args[server.extra_args.index("--admin-api-key") + 1]
-        headers["Authorization"] = f"Bearer {key}"
-    resp = requests.post(
-        f"{server.base_url}/flush_cache",
-        params={"timeout": FLUSH_TIMEOUT_S},
-        headers=headers,
-        timeout=FLUSH_TIMEOUT_S + 30,
-    )
-    if resp.status_code != 200:
-        raise AssertionError(f"/flush_cache answered {resp.status_code}: {resp.text}")
-
-
 def _run_server(s: _Server) -> None:
     tree, extra_args, model, instance = s.key
     named_model = model if model != "tiny-llama" else ""
     label = "-".join(p for p in ("shared", tree, named_model, instance) if p)
+    record_dir = tempfile.mkdtemp(prefix=f"load-record-{label}-")
     try:
         with _STARTING:
-            server = LiveServer(tree, list(extra_args), name=label, model=model)
+            server = LiveServer(
+                tree,
+                list(extra_args),
+                env={load_record.ENV: record_dir},
+                name=label,
+                model=model,
+            )
+        server.record_dir = record_dir
     except Exception as exc:  # every work on it fails with the start's error
+        shutil.rmtree(record_dir, ignore_errors=True)
         for name in [*s.works, *([s.ending[0]] if s.ending else [])]:
             s.results[name] = exc
         return
@@ -115,7 +111,7 @@ def _run_server(s: _Server) -> None:
         works = list(s.works.items()) + ([s.ending] if s.ending else [])
         for name, fn in works:
             try:
-                flush_cache(server)
+                server.flush_cache(FLUSH_TIMEOUT_S)
                 s.results[name] = fn(server)
             except Exception as exc:  # noqa: BLE001 - re-raised by result()
                 s.results[name] = RuntimeError(
@@ -124,6 +120,7 @@ def _run_server(s: _Server) -> None:
                 )
     finally:
         pids = server.stop()
+        shutil.rmtree(record_dir, ignore_errors=True)
         try:
             assert_all_gone(pids)
         except AssertionError as exc:

@@ -226,6 +226,9 @@ def _bind_load_record(module) -> None:
         backend.forward_extend = load_record.recording_forward_extend(
             backend.forward_extend, directory
         )
+        backend.forward_decode = load_record.recording_forward_decode(
+            backend.forward_decode, directory
+        )
         return
     h2d = load_record.recording_h2d(
         module.transfer_kv_per_layer_direct_pf_lf,

@@ -498,6 +498,14 @@ def radix_tree_state(cache) -> list:
     return state
 
 
+def core_digest(cache) -> int:
+    """The agreement's own digest of a tree core that does not expose its
+    nodes (the Rust core): equal on ranks whose trees are alike."""
+    from sglang.srt.mem_cache.hicache_rank_shard.load_back import tree_digest
+
+    return tree_digest(cache)
+
+
 def _wait_written_through(cache, polls: int = 500) -> None:
     """Polls until no write-through is in flight (retired by MIN-reduced
     counts, so every rank leaves at the same poll)."""
@@ -534,6 +542,7 @@ def load_back_agreement(
     prefixes: int = 3,
     tokens: int = 64,
     refuser_evicts: bool = True,
+    tree_core: str = "python",
 ) -> dict:
     """Load-backs through the real ``UnifiedRadixCache`` of a TP group whose
     ranks disagree on one of them.
@@ -549,7 +558,9 @@ def load_back_agreement(
     afterwards equal the cached rows bit for bit; the radix tree afterwards
     (``radix_tree_state``) and the loads still queued. ``refuser_evicts=False``
     makes the refusing rank's eviction a no-op too: its tree parts from its
-    peers' there, as a rank evicting alone would leave it."""
+    peers' there, as a rank evicting alone would leave it. ``tree_core``:
+    the radix tree core (``rust``: the servers' default, which does not
+    expose its nodes: its tree is returned as the agreement's digest)."""
     from array import array
 
     from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
@@ -565,6 +576,7 @@ def load_back_agreement(
             disaggregation_mode="null",
             disaggregation_decode_enable_radix_cache=False,
         ),
+        tree_core=tree_core,
     )
     cache = stack.cache
     shard = cache.cache_controller.rank_shard
@@ -621,7 +633,7 @@ def load_back_agreement(
         sharded=shard is not None,
         evicted=evicted,
         loads=loads,
-        tree=radix_tree_state(cache),
+        tree=radix_tree_state(cache) if tree_core == "python" else core_digest(cache),
         queued=len(cache.cache_controller.load_queue),
         split=agreement.num_split if agreement else None,
         tokens_missed=agreement.tokens_missed if agreement else None,

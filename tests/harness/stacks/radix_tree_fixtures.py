@@ -132,6 +132,9 @@ def evict(tree: Tree, num_tokens: int) -> None:
     tree.cache.evict(EvictParams(num_tokens=num_tokens))
 
 
+HOST_BUDGET_BYTES = 2 << 30  # the host pools one test tree may book
+
+
 def enable_hicache(
     tree: Tree, write_policy: str = "write_back", **server_kwargs
 ) -> None:
@@ -146,6 +149,7 @@ def enable_hicache(
     import atexit
 
     from sglang.srt.mem_cache.pool_host import mha
+    from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
     from standins import cpu_kvcacheio_standin as kvcacheio
@@ -169,5 +173,10 @@ def enable_hicache(
         **{"hicache_size": 1, **server_kwargs},
     )
     set_global_server_args_for_scheduler(server_args)
-    tree.cache.init_hicache(server_args, tree.params)
+    # The pool is booked against a fixed allowance (upstream's own budget
+    # scope), not the machine's free memory less upstream's 10 GB reserve: a
+    # live lane's servers beside this test can take that, and the pool (1 GB
+    # of address space, a few pages touched) is this test's alone.
+    with host_memory_budget_scope(HOST_BUDGET_BYTES):
+        tree.cache.init_hicache(server_args, tree.params)
     atexit.unregister(tree.cache.shutdown)

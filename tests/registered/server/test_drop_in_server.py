@@ -4,9 +4,10 @@ Three servers of the tiny local model on CPU, started together
 (``harness.shared_servers``: the plain pristine and patched servers are the
 ones the request fuzz uses too, when both files run in one session):
 pristine upstream 0.5.23 and the patched wheel with every feature off run the
-same greedy workload (identical output token ids and ``cached_tokens`` per
-request, and the same answers to bad requests, after which a good request is
-served); then the patched wheel with HiCache and a device pool too small for
+same greedy workload (the same forwards and the same bytes in every cached
+prefix row they read, by ``harness.load_record``, then identical output token
+ids and ``cached_tokens`` per request, and the same answers to bad requests,
+after which a good request is served); then the patched wheel with HiCache and a device pool too small for
 the workload, whose repeated prefixes come back from the host tier
 (``cached_tokens_details.host``) with the outputs of the run without eviction.
 """
@@ -16,7 +17,7 @@ import unittest
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-from harness import shared_servers
+from harness import load_record, shared_servers
 from harness.live_server import HICACHE_ARGS, greedy
 
 register_cpu_ci(est_time=300, suite="base-b-test-cpu")
@@ -97,9 +98,25 @@ def run_bad_requests(server):
     return out
 
 
+def recorded(server, fn):
+    """``fn()``, and what the server's load record logged meanwhile: each
+    forward (``batches``) and the prefix rows attention read (``rows``)."""
+    kinds = dict(batches="batches-rank", rows="rank")
+    marks = {
+        k: len(load_record.read(server.record_dir, 1, p)[0]) for k, p in kinds.items()
+    }
+    out = fn()
+    return out, {
+        k: load_record.read(server.record_dir, 1, p)[0][marks[k] :]
+        for k, p in kinds.items()
+    }
+
+
 def plain(server):
+    parity, record = recorded(server, lambda: run_greedy(server, parity_prompts()))
     return dict(
-        parity=run_greedy(server, parity_prompts()),
+        parity=parity,
+        parity_record=record,
         bad=run_bad_requests(server),
         eviction=run_greedy(server, eviction_prompts()),
     )
@@ -133,6 +150,14 @@ class TestDropInServer(unittest.TestCase):
         }
 
     def test_patched_matches_upstream(self):
+        # The same forwards first (each request alone, in order: the flush
+        # before the work waited out the start's health checks), then the
+        # same bytes in every cached prefix row they read, then the outputs.
+        records = [self.runs[k]["parity_record"] for k in ("upstream", "patched")]
+        self.assertTrue(records[1]["batches"], "no forward recorded")
+        self.assertEqual(records[0]["batches"], records[1]["batches"], "batches")
+        self.assertTrue(records[1]["rows"], "no cached prefix read")
+        self.assertEqual(records[0]["rows"], records[1]["rows"], "prefix rows")
         up, ours = self.runs["upstream"]["parity"], self.runs["patched"]["parity"]
         self.assertEqual(len(up), len(parity_prompts()))
         for i, (a, b) in enumerate(zip(up, ours)):

@@ -15,7 +15,7 @@ with ``bootstrap_host/port/room`` to both servers at once, the answer taken
 from the decode server.  The model is the tiny DeepSeek-V3 (plain MLA), served
 as DeepSeek deployments serve it: decode workers with DP attention.  The prefill
 server runs with ``--disable-radix-cache``: every hit a request reports is the
-decode worker's own.  Two decode workers with a 640-token device pool per rank
+decode worker's own.  Three decode workers with a 640-token device pool per rank
 and a host tier twice that serve from the one prefill server:
 
 * ``seed``: two DP ranks with DP attention (``--tp 2 --dp-size 2
@@ -31,7 +31,12 @@ and a host tier twice that serve from the one prefill server:
   scheduler keeps 0.5.23's admission, which it says by not logging the seed
   interface's, and refuses what its pool can never admit.  Its greedy outputs
   are not compared with the seed worker's: without DP attention the MLP runs
-  unsharded, and the tiny model's near-tied logits pick other tokens.
+  unsharded, and the tiny model's near-tied logits pick other tokens;
+* ``sharded``: two TP ranks (no DP attention) with rank shard on
+  (``SGLANG_ENABLE_HICACHE_RANK_SHARD=1``) and the seed interface; it serves
+  the L3 phase only (``sharded_phase``): its ranks' shard objects of a
+  prompt's pages, and the revisit restored from them by the agreed two-phase
+  prefetch, bit for bit.
 
 Workload: prompts A and B (one per rank), eight fillers (A and B leave their
 ranks' device pools for the host tier: three 208-token requests fill a pool),
@@ -69,6 +74,7 @@ prefill drops an abort that beats the request).
 
 import json
 import random
+import re
 import time
 import unittest
 from concurrent.futures import ThreadPoolExecutor
@@ -77,6 +83,7 @@ import requests
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness import mooncake_l3
+from harness.greedy_ties import TOP2, top2_of
 from harness.kv_events import (
     CPU,
     GPU,
@@ -89,7 +96,7 @@ from harness.kv_events import (
     publisher_port,
 )
 from harness.live_server import LiveServer, assert_all_gone, free_port, greedy
-from harness.metrics import routing_outcomes, total
+from harness.metrics import l3_counters, routing_outcomes, total
 from harness.pd_stall import PD_DEBUG_ENV, StallWatch, stall_bound
 
 register_cpu_ci(est_time=300, suite="base-b-test-cpu")
@@ -152,6 +159,18 @@ DECODES = {
     "seed": DECODE_BASE + DP_ATTENTION + SEED_FLAGS,
     "generic": DECODE_BASE + GENERIC_FLAGS,
 }
+# A rank-sharded decode worker (hicache-rank-shard): TP=2 without DP
+# attention (its two ranks one shard group, each holding 2 of the 4 layers in
+# its host pool and its L3 objects), the seed interface, L3 attached at
+# runtime like the others; each load-back vote also compares the two ranks'
+# radix trees (VERIFY_EVERY=1). Only the L3 phase runs on it (``sharded_phase``).
+SHARDED_DECODE = DECODE_BASE + ["--tp", "2"] + SEED_FLAGS[-4:]
+SHARDED_ENV = {
+    **PD_ENV,
+    "SGLANG_ENABLE_HICACHE_RANK_SHARD": "1",
+    "SGLANG_HICACHE_RANK_SHARD_VERIFY_EVERY": "1",
+}
+LAYERS, SHARD = 4, 2  # tiny-mla's layers; the sharded worker's TP ranks
 # The control's namespace on the seed worker (see the module docstring).
 CONTROL_KEY = "round-robin-control"
 # What the decode scheduler logs at startup when it runs the seed interface's
@@ -231,15 +250,19 @@ def pd_burst(prefill, decode, bootstrap_port, text, copies, routed_s) -> list:
     return [a.json()["meta_info"] for a in answers]
 
 
-def pd_generate(prefill, decode, bootstrap_port, text, extra_key=None, rank=None):
+def pd_generate(
+    prefill, decode, bootstrap_port, text, extra_key=None, rank=None, logprobs=False
+):
     """``rank``: the decode server's DP rank (``routed_dp_rank`` in its body
-    only: the prefill server has one rank)."""
+    only: the prefill server has one rank). ``logprobs``: each output token's
+    two best logprobs too (``TOP2``)."""
     body = {
         "text": text,
         "sampling_params": greedy(NEW_TOKENS),
         "bootstrap_host": "127.0.0.1",
         "bootstrap_port": bootstrap_port,
         "bootstrap_room": random.randint(0, 2**62),
+        **(TOP2 if logprobs else {}),
     }
     if extra_key is not None:
         body["extra_key"] = extra_key
@@ -373,18 +396,9 @@ def run_workload(prefill, decode, bootstrap_port, round_robin=False) -> dict:
             )
         else:
             r = pd_generate(prefill, decode, bootstrap_port, text)
-        if "error" in r:
-            runs[name] = dict(error=r["error"], rank=None, cached=None)
-            continue
-        meta = r["meta_info"]
-        runs[name] = dict(
-            rank=meta.get("dp_rank"),
-            cached=meta["cached_tokens"],
-            prompt=meta["prompt_tokens"],
-            details=meta.get("cached_tokens_details"),
-            output_ids=r["output_ids"],
-            loaded_back=loaded_back_tokens(decode) - before,
-        )
+        runs[name] = served(r)
+        if "error" not in r:
+            runs[name]["loaded_back"] = loaded_back_tokens(decode) - before
     return runs
 
 
@@ -442,8 +456,12 @@ def wait_objects(store, before: set, count: int, timeout: float) -> int:
 
 
 def served(r) -> dict:
+    """What a test reads of one PD answer (a refused one: its error, and no
+    rank or hit, so that checks of those fail on their assertion)."""
     if "error" in r:
-        return dict(error=r["error"])
+        return dict(
+            error=r["error"], rank=None, cached=None, details={}, output_ids=None
+        )
     meta = r["meta_info"]
     return dict(
         rank=meta.get("dp_rank"),
@@ -451,6 +469,7 @@ def served(r) -> dict:
         prompt=meta["prompt_tokens"],
         details=meta.get("cached_tokens_details") or {},
         output_ids=r["output_ids"],
+        **({"top2": top2_of(meta)} if "output_top_logprobs" in meta else {}),
     )
 
 
@@ -481,6 +500,72 @@ def l3_phase(prefill, decodes, bootstrap_port, store, text, page) -> dict:
     )
     out["generic_shared"] = served(pd_generate(prefill, generic, bootstrap_port, text))
     out["store"] = store.stats()
+    return out
+
+
+# After the flush, prompts that fill the sharded worker's device pool (3 x 208
+# tokens of 640): the device and host slots the first visit freed then hold
+# other KV, so a restore that wrote nothing would not find the first visit's
+# bytes left in them.
+SHARDED_FILLERS = DECODE_POOL // (PROMPT_WORDS + NEW_TOKENS)
+SHARDED_FILLER_KEY = "sharded-fillers"  # a namespace of their own
+# What a shard group logs when its ranks are found apart (each fails the request)
+DIVERGED = ("HiCache rank shard verify", "HiCache rank shard: the radix trees")
+
+
+def sharded_phase(prefill, sharded, bootstrap_port, store, text, page, rng) -> dict:
+    """The rank-sharded decode worker on the store: L3 attached at runtime;
+    it serves ``text`` (the L3 phase's prompt, whose upstream objects the
+    seed worker put), its write-through puts each rank's shard of every full
+    page; once they landed (every shard there, each rank's written bytes
+    equal to its objects' growth), its cache is flushed, fillers take the
+    freed slots, and the revisit is restored L3 -> L2 -> L1 by the two-phase
+    prefetch the shard group agrees on. Returns both answers (with their
+    top-2 logprobs), the objects of the prompt's pages and the L3 byte
+    counters before and after the revisit."""
+    from sglang.srt.mem_cache.utils import get_storage_hash_str
+
+    out = dict(attach=attach_l3(sharded, store))
+    ids = sharded.post_raw("/tokenize", {"prompt": text}).json()["tokens"]
+    hashes = get_storage_hash_str(ids, None, page_size=page)[: len(ids) // page]
+    now = mooncake_l3.settled(sharded, store, timeout=0)
+    out["base"] = {r: sum(now["objects"].get(r, {}).values()) for r in range(SHARD)}
+    out["first"] = served(
+        pd_generate(prefill, sharded, bootstrap_port, text, logprobs=True)
+    )
+    out["settled"] = mooncake_l3.settled(
+        sharded, store, L3_WRITTEN_S, base=out["base"], pages=hashes
+    )
+    keys = store.keys()
+    sizes = store.sizes(keys)
+    out["pages"] = [
+        {k: sizes.get(k) for k in mooncake_l3.page_objects(keys, h, "k")}
+        for h in hashes
+    ]
+    flushed = admin_post(sharded, "/flush_cache")
+    out["flush"] = (flushed.status_code, flushed.text[:200])
+    out["fillers"] = [
+        served(
+            pd_generate(
+                prefill,
+                sharded,
+                bootstrap_port,
+                " ".join(rng.choice(WORDS) for _ in range(PROMPT_WORDS)),
+                SHARDED_FILLER_KEY,
+            )
+        )
+        for _ in range(SHARDED_FILLERS)
+    ]
+    out["read_before"] = l3_counters(sharded)
+    out["revisit"] = served(
+        pd_generate(prefill, sharded, bootstrap_port, text, logprobs=True)
+    )
+    out["read_after"] = l3_counters(sharded)
+    log = sharded.log_text()
+    out["diverged"] = sum(log.count(line) for line in DIVERGED)
+    out["owners"] = re.findall(
+        r"HiCache rank shard: rank (\d)/(\d) owns KV layers (\[[\d, ]*\])", log
+    )
     return out
 
 
@@ -578,19 +663,23 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
         subs = [Subscriber(f"tcp://127.0.0.1:{events_port + r}") for r in range(2)]
         events = ["--kv-events-config", events_config(events_port)]
 
+        sharded = {}
+
         def start(name):
-            decodes[name] = LiveServer(
+            server = LiveServer(
                 "patched",
-                DECODES[name] + (events if name == "seed" else []),
-                env=PD_ENV,
+                (DECODES | {"sharded": SHARDED_DECODE})[name]
+                + (events if name == "seed" else []),
+                env=SHARDED_ENV if name == "sharded" else PD_ENV,
                 name=f"decode-{name}",
                 model=MODEL,
             )
-            STALLS.servers[f"decode-{name}"] = decodes[name]
+            (sharded if name == "sharded" else decodes)[name] = server
+            STALLS.servers[f"decode-{name}"] = server
 
         try:
-            with ThreadPoolExecutor(len(DECODES)) as pool:
-                for f in [pool.submit(start, n) for n in DECODES]:
+            with ThreadPoolExecutor(len(DECODES) + 1) as pool:
+                for f in [pool.submit(start, n) for n in [*DECODES, "sharded"]]:
                     f.result()
             rng = random.Random(5)
             oversized = " ".join(rng.choice(WORDS) for _ in range(OVERSIZED_WORDS))
@@ -616,6 +705,12 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
             cls.results["l3"] = l3_phase(
                 prefill, decodes, bootstrap_port, store, l3_text, page
             )
+            cls.results["sharded"] = sharded_phase(
+                prefill, sharded["sharded"], bootstrap_port, store, l3_text, page, rng
+            )
+            # its part done: stopped now (the probe names the others' processes)
+            del STALLS.servers["decode-sharded"]
+            pids += sharded.pop("sharded").stop()
             cls.results["l3_faults"] = fault_phase(
                 prefill, decodes["generic"], bootstrap_port, store, rng, page
             )
@@ -636,12 +731,14 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
             cls.results["probe"] = probe_stall_capture(seed, bootstrap_port)
         except Exception as exc:
             logs = prefill.log_tail(3000)
-            logs += "".join(d.log_tail(4000) for d in decodes.values())
+            logs += "".join(
+                d.log_tail(4000) for d in [*decodes.values(), *sharded.values()]
+            )
             raise RuntimeError(f"{exc}\n{logs}\n{STALLS.report()}") from exc
         finally:
             for sub in subs:
                 sub.close()
-            for server in (*decodes.values(), prefill):
+            for server in (*decodes.values(), *sharded.values(), prefill):
                 pids += server.stop()
         assert_all_gone(pids)
 
@@ -677,6 +774,63 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
         self.assertEqual(shared["details"].get("storage", 0), full, shared)
         self.assertEqual(shared["cached"], full, shared)
         self.assertEqual(shared["output_ids"], miss["output_ids"])
+
+    def test_a_rank_sharded_decode_worker_restores_its_shards_from_l3(self):
+        sh, page = self.results["sharded"], self.results["page"]
+        print("sharded:", {k: v for k, v in sh.items() if k not in ("pages",)})
+        self.assertEqual(sh["attach"][0], 200, sh["attach"])
+        # each rank's host pool and objects hold its layers: j % 2 == rank
+        self.assertEqual(
+            sorted(sh["owners"]),
+            [
+                (str(r), str(SHARD), str(list(range(r, LAYERS, SHARD))))
+                for r in range(SHARD)
+            ],
+        )
+        first, revisit = sh["first"], sh["revisit"]
+        self.assertEqual(first["cached"], 0, first)  # not in its tree, nor in L3
+        # every full page of the prompt: upstream's object (the seed worker's,
+        # every layer) and one object per rank holding its two layers' rows
+        # (64 + 32 latent values of bf16 per token and layer)
+        row = (64 + 32) * 2
+        shard_bytes = page * (LAYERS // SHARD) * row
+        self.assertEqual(len(sh["pages"]), first["prompt"] // page, sh["pages"])
+        for objects in sh["pages"]:
+            # (shard rank, bytes) of each object; -1: upstream's unsharded one
+            by_shard = sorted(
+                (-1 if (r := mooncake_l3.shard_of(k)) is None else r, n)
+                for k, n in objects.items()
+            )
+            expected = [(r, shard_bytes) for r in range(SHARD)]
+            self.assertEqual(by_shard, [(-1, page * LAYERS * row), *expected], objects)
+        # the write-through landed: each rank's written bytes = its objects'
+        # growth, at least its shard of every full page (the fillers' come
+        # after this)
+        counters, shards = sh["settled"]["counters"], sh["settled"]["objects"]
+        for r in range(SHARD):
+            grown = sum(shards[r].values()) - sh["base"][r]
+            self.assertEqual(counters.get((r, "written")), grown, (r, counters))
+            self.assertGreaterEqual(grown, len(sh["pages"]) * shard_bytes, r)
+        self.assertEqual(sh["flush"][0], 200, sh["flush"])
+        for filler in sh["fillers"]:
+            self.assertEqual(filler["cached"], 0, filler)
+        # device and host flushed: every full page restored L3 -> L2 -> L1 on
+        # both ranks, counted as storage, each rank reading only its shard
+        full = len(sh["pages"]) * page
+        self.assertEqual(revisit["details"].get("storage", 0), full, revisit)
+        self.assertEqual(revisit["cached"], full, revisit)
+        for r in range(SHARD):
+            read = sh["read_after"].get((r, "read"), 0)
+            read -= sh["read_before"].get((r, "read"), 0)
+            self.assertEqual(read, len(sh["pages"]) * shard_bytes, r)
+        # the restored rows are the ones it was sent (the slots they land in
+        # held the fillers' KV): the same decode steps (one request at a
+        # time) give the same tokens and logprobs
+        self.assertEqual(revisit["output_ids"], first["output_ids"])
+        self.assertEqual(revisit["top2"], first["top2"])
+        # no vote found the ranks' radix trees, nor a load their host pages,
+        # apart (either would also have failed its request)
+        self.assertEqual(sh["diverged"], 0)
 
     def test_l3_faults_serve_log_one_line_each_and_recover(self):
         for part, phase in self.results["l3_faults"].items():
@@ -785,8 +939,9 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
             # ... and reported as host hits (fixes/0008; 0.5.23 reports them
             # as device hits): the tokens loaded back, the rest device hits
             details = again["details"]
-            self.assertEqual(details["host"], again["loaded_back"], key)
-            self.assertEqual(details["device"] + details["host"], again["cached"], key)
+            host, device = details.get("host", 0), details.get("device", 0)
+            self.assertEqual(host, again["loaded_back"], key)
+            self.assertEqual(device + host, again["cached"], key)
             self.assertEqual(again["output_ids"], runs[key]["output_ids"], key)
 
     def test_kv_events_report_the_decode_host_tier_per_rank(self):
