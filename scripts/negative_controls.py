@@ -652,6 +652,41 @@ CONTROLS = (
         "whose prompts stay under 256 tokens are routed by load",
     ),
     Control(
+        name="dp-controller-idle-wait-eats-a-request",
+        level="cheap",
+        module="srt/managers/data_parallel_controller.py",
+        old="                idle_poller.poll(1000)\n",
+        new=(
+            "                self.recv_from_tokenizer.recv()"
+            "  # negative control: dropped\n"
+        ),
+        tests=(
+            R + "unit/managers/test_dp_controller_sleep_on_idle.py"
+            "::TestDpControllerSleepOnIdle"
+            "::test_an_idle_controller_waits_and_still_dispatches",
+        ),
+        expected=("test_an_idle_controller_waits_and_still_dispatches",),
+        what="the DP controller's idle wait takes the request it waited for: "
+        "a request arriving while it is idle never reaches a DP rank",
+    ),
+    Control(
+        name="digest-not-forced-when-idle",
+        level="cheap",
+        module="srt/managers/dp_routing/publisher.py",
+        old="        if not force and now - self._last_check < self.publish_interval:\n",
+        new=(
+            "        if now - self._last_check < self.publish_interval:"
+            "  # negative control\n"
+        ),
+        tests=(
+            R + "unit/managers/test_prefix_digest_publisher.py"
+            "::TestPrefixDigestPublisher"
+            "::test_going_idle_sends_a_change_within_the_interval",
+        ),
+        expected=("test_going_idle_sends_a_change_within_the_interval",),
+        what="a forced publish (a rank going idle) still waits for the interval",
+    ),
+    Control(
         name="client-routed-request-not-recorded-live",
         level="full",
         module="srt/managers/data_parallel_controller.py",

@@ -3,8 +3,9 @@
 ``LiveServer("patched" | "upstream", extra_args)`` starts ``sglang serve`` of
 the tiny local model on 127.0.0.1 with the command line of upstream's
 ``popen_launch_server`` (``sglang serve --model-path M ARGS --host H --port
-P``) and the CPU environment of ``scripts/cpu_server.py`` (the same one
-``make serve-cpu`` uses), and waits for ``/health_generate`` as that helper
+P``, plus upstream's ``--sleep-on-idle``: ``IDLE_ARGS``) and the CPU
+environment of ``scripts/cpu_server.py`` (the same one ``make serve-cpu``
+uses), and waits for ``/health_generate`` as that helper
 does, polling every half second instead of every 10 s (and with no second,
 online launch after a failed one: the models are local).  ``upstream`` puts the pristine unpacked 0.5.23 wheel
 first on ``PYTHONPATH``, so the same venv serves unpatched upstream.  The
@@ -39,6 +40,15 @@ finally:
 START_TIMEOUT_S = {1: 240.0, 2: 420.0, 4: 600.0}
 REQUEST_TIMEOUT_S = 120.0
 HICACHE_ARGS = list(cpu_server.HICACHE_ARGS)
+# Upstream's --sleep-on-idle: a scheduler with nothing queued, running or in
+# flight (``Scheduler.is_fully_idle``, HiCache and PD queues included) waits
+# on its sockets for up to 1 s instead of looping (every loop runs the pool
+# and tree checks, and under TP or DP attention a collective). Without it
+# every idle server of a test spins a core's worth of processes, which on 2
+# cores the working servers of the same test then lack. The DP controller of
+# a --dp-size server waits too (fixes/0025), and a cache-aware rank sends its
+# last digest change before it sleeps (cache-aware-routing 0005).
+IDLE_ARGS = ["--sleep-on-idle"]
 
 
 def free_port() -> int:
@@ -91,6 +101,7 @@ class LiveServer:
         child_env.update(env or {})
         command = ["sglang", "serve", "--model-path", str(model_path(model))]
         command += cpu_server.cpu_args(self.extra_args)
+        command += [a for a in IDLE_ARGS if a not in command]
         child_env.setdefault("SGLANG_WAIT_PORT_TIMEOUT", "120")
         self._out = open(self.stdout_path, "w")
         self._err = open(self.stderr_path, "w")

@@ -117,6 +117,27 @@ class TestPrefixDigestPublisher(unittest.TestCase):
         self.assertTrue(self.publish(0.11))
         self.assertEqual(unpack_hashes(self.recv().gpu_hashes), frozenset())
 
+    def test_going_idle_sends_a_change_within_the_interval(self):
+        # The scheduler forces the publish when the rank goes idle: a change
+        # goes out at once, however recent the last digest; no change sends
+        # nothing (the heartbeat keeps its cadence).
+        from sglang.srt.managers.dp_routing.digest import unpack_hashes
+
+        self.pub.attach(4, lambda: 0)
+        self.assertTrue(self.publish(0.0))
+        self.assertEqual(self.recv().seq, 1)
+        insert(self.tree, list(range(1, 17)))
+        self.clock.t += 0.01
+        self.assertTrue(
+            self.pub.maybe_publish(self.kv_events.publish_kv_events, force=True)
+        )
+        d = self.recv()
+        self.assertEqual((d.seq, len(unpack_hashes(d.gpu_hashes))), (2, 2))
+        self.clock.t += 0.01
+        self.assertFalse(
+            self.pub.maybe_publish(self.kv_events.publish_kv_events, force=True)
+        )
+
     def test_restart_is_a_new_epoch(self):
         from sglang.srt.managers.dp_routing.publisher import PrefixDigestPublisher
 
