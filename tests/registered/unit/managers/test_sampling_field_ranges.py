@@ -303,6 +303,7 @@ class TestValidRequestsServed(AdmissionCase):
     # The boundaries that stay accepted, always run before the drawn ones.
     @example(body=one(top_k=TOP_K_ALL + 1, temperature=1.0))
     @example(body=one(logit_bias={"0": -math.inf, str(VOCAB - 1): 100.0}))
+    @example(body=one(stop_token_ids=[0, VOCAB - 1]))
     @example(body={**one(), "return_logprob": True, "top_logprobs_num": VOCAB})
     @example(body={"input_ids": [PROMPT] * 2, "sampling_params": {"n": MAX_N}})
     def test_a_valid_request_is_served(self, body):
