@@ -687,6 +687,23 @@ CONTROLS = (
         what="a forced publish (a rank going idle) still waits for the interval",
     ),
     Control(
+        name="digest-not-forced-when-idle-live",
+        level="full",
+        module="srt/managers/scheduler.py",
+        old="                self.kv_events_publisher.publish_kv_events, force=True\n",
+        new=(
+            "                self.kv_events_publisher.publish_kv_events,"
+            " force=False  # negative control\n"
+        ),
+        tests=(
+            R + "server/test_cache_aware_routing_dp_attention_server.py"
+            "::TestCacheAwareRoutingDpAttentionServer"
+            "::test_going_idle_sends_the_digest_the_next_turn_is_routed_by",
+        ),
+        expected=("test_going_idle_sends_the_digest_the_next_turn_is_routed_by",),
+        what="a DP rank going idle leaves its changed digest to the interval",
+    ),
+    Control(
         name="client-routed-request-not-recorded-live",
         level="full",
         module="srt/managers/data_parallel_controller.py",

@@ -9,7 +9,14 @@ from the digests their leader schedulers publish. Multi-turn conversations
 (``harness.live_workloads``) sent by concurrent clients: each conversation
 stays on one DP rank and every later turn is served its previous prompt from
 cache; both ranks serve; ``/metrics`` counts every request once and shows one
-fresh digest per DP rank. The negative control on the same server: the same
+fresh digest per DP rank. The server sends a changed digest no more than once
+every ``DIGEST_INTERVAL_S`` except when a DP rank goes idle, which sends it at
+once: eight short conversations (60-token first prompts, which fill no 64-token
+digest chunk, so the router has no landing credit of theirs) all at once, then
+their second turns 0.5 s after the first ones ended, each on its first turn's
+rank and served that turn's prompt from cache: the router could only know from
+the digests sent as the ranks went idle. The negative control on the same
+server: the same
 workload on conversations of its own (another seed), each request sent to the
 DP rank client-side round robin names (``routed_dp_rank``), is served whole on
 exactly the turns sent back to their previous rank, and misses the others. At the end of its life DP rank 1's scheduler is
@@ -37,13 +44,26 @@ FEATURE_GROUP = "cache-aware-routing"  # the series group it tests (or "series")
 PROJECT_ONLY = "runs this project's CPU server (stand-ins, local tiny model)"
 
 DP_ATTENTION = ["--tp", "2", "--dp-size", "2", "--enable-dp-attention"]
+# No throttled digest send within reach of the short conversations (the
+# heartbeat: every ten intervals); the digests sent on going idle stay usable.
+DIGEST_INTERVAL_S = 120
+DIGEST_MAX_AGE_S = 600
 ARGS = DP_ATTENTION + [
     "--load-balance-method",
     "cache_aware",
     "--enable-metrics",
     "--max-total-tokens",
     "4096",
+    # Changed digests go out only when a rank goes idle (and as heartbeats
+    # every ten intervals): the short conversations below see no other send.
+    "--dp-routing-digest-publish-interval",
+    str(DIGEST_INTERVAL_S),
+    "--dp-routing-digest-max-age",
+    str(DIGEST_MAX_AGE_S),
 ]
+# The short conversations: turn 2 (98 tokens) finds turn 1's 67 tokens with
+# KV (60 prompt + 7 of its 8 output tokens) on its rank, one full chunk of 64.
+SHORT = dict(n=8, turns=2, seed=29, first=60, new_tokens=30, clients=8)
 FAULT_BOUND_S = 60.0  # kill to every client answered and the tree gone
 FAULT_TOKENS = 256  # 8 streams, 4 per rank, well inside a 4096-token pool
 
@@ -55,6 +75,7 @@ class TestCacheAwareRoutingDpAttentionServer(unittest.TestCase):
         try:
             cls.records = run_conversations(server, n=4, turns=3, seed=21)
             cls.metrics = server.get("/metrics").text
+            cls.short = run_conversations(server, **SHORT)
             # Not routed by the router: not counted in cls.metrics either.
             cls.control_route = ClientRoundRobin(2)
             cls.control = run_conversations(
@@ -86,6 +107,15 @@ class TestCacheAwareRoutingDpAttentionServer(unittest.TestCase):
                 self.assertGreaterEqual(cur["cached"], prev["prompt"], (c, conv))
         self.assertEqual({conv[0]["rank"] for conv in self.records}, {0, 1})
         print(f"dp attention: hit rate {hit_rate(self.records):.3f}")
+
+    def test_going_idle_sends_the_digest_the_next_turn_is_routed_by(self):
+        # Without the send on going idle the second turns are misses, routed
+        # by load: the rank with fewer recent dispatches, whatever holds them.
+        for c, conv in enumerate(self.short):
+            self.assertEqual(conv[0]["prompt"], SHORT["first"], (c, conv))
+            self.assertEqual(conv[1]["rank"], conv[0]["rank"], (c, self.short))
+            self.assertGreaterEqual(conv[1]["cached"], conv[0]["prompt"], (c, conv))
+        self.assertEqual({conv[0]["rank"] for conv in self.short}, {0, 1})
 
     def test_client_round_robin_control_misses_where_it_moves_a_turn(self):
         # Every request served on the rank the client named (a server that
