@@ -801,6 +801,23 @@ CONTROLS = (
         what="a live PD decode restore from Mooncake L3 counted as host hits",
     ),
     Control(
+        name="decode-output-kv-not-kept-live",
+        level="full",
+        module="srt/mem_cache/common.py",
+        old="        tree_cache.checkpoint(req, up_to=owned_kv_len)\n",
+        new=(
+            "        tree_cache.checkpoint(req, up_to=min(owned_kv_len,"
+            " len(req.origin_input_ids)))  # negative control\n"
+        ),
+        tests=(
+            R + "server/test_pd_decode_hicache_server.py::TestPdDecodeHiCacheServer"
+            "::test_prefill_serves_a_next_turn_from_what_decode_put_in_l3",
+        ),
+        expected=("test_prefill_serves_a_next_turn_from_what_decode_put_in_l3",),
+        what="a finished request's tree keeps only its prompt, not the tokens"
+        " it generated (nothing of them reaches L3 for the next turn's prefill)",
+    ),
+    Control(
         name="decode-two-phase-l3-counted-as-host",
         level="full",
         module="srt/disaggregation/decode_hicache_mixin.py",

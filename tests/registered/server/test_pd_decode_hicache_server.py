@@ -15,8 +15,12 @@ with ``bootstrap_host/port/room`` to both servers at once, the answer taken
 from the decode server.  The model is the tiny DeepSeek-V3 (plain MLA), served
 as DeepSeek deployments serve it: decode workers with DP attention.  The prefill
 server runs with ``--disable-radix-cache``: every hit a request reports is the
-decode worker's own.  Three decode workers with a 640-token device pool per rank
-and a host tier twice that serve from the one prefill server:
+decode worker's own.  A second prefill server with HiCache (``prefill-l3``)
+serves one phase only: prefill and decode on one Mooncake store, where the
+decode worker puts a turn's pages (the tokens it generated included) and
+prefill finds them for the next turn (``prefill_l3_phase``).  Three decode
+workers with a 640-token device pool per rank and a host tier twice that serve
+from the one prefill server:
 
 * ``seed``: two DP ranks with DP attention (``--tp 2 --dp-size 2
   --enable-dp-attention``, where 0.5.23 warns "Decode radix cache with DP
@@ -83,7 +87,7 @@ import requests
 from sglang.test.ci.ci_register import register_cpu_ci
 
 from harness import mooncake_l3
-from harness.greedy_ties import TOP2, top2_of
+from harness.greedy_ties import TOP2, first_divergence, top2_of
 from harness.kv_events import (
     CPU,
     GPU,
@@ -251,13 +255,21 @@ def pd_burst(prefill, decode, bootstrap_port, text, copies, routed_s) -> list:
 
 
 def pd_generate(
-    prefill, decode, bootstrap_port, text, extra_key=None, rank=None, logprobs=False
+    prefill,
+    decode,
+    bootstrap_port,
+    text,
+    extra_key=None,
+    rank=None,
+    logprobs=False,
+    with_prefill=False,
 ):
-    """``rank``: the decode server's DP rank (``routed_dp_rank`` in its body
-    only: the prefill server has one rank). ``logprobs``: each output token's
-    two best logprobs too (``TOP2``)."""
+    """``text``: a string or token ids. ``rank``: the decode server's DP rank
+    (``routed_dp_rank`` in its body only: the prefill server has one rank).
+    ``logprobs``: each output token's two best logprobs too (``TOP2``).
+    ``with_prefill``: (prefill's answer, decode's answer)."""
     body = {
-        "text": text,
+        **({"input_ids": text} if isinstance(text, list) else {"text": text}),
         "sampling_params": greedy(NEW_TOKENS),
         "bootstrap_host": "127.0.0.1",
         "bootstrap_port": bootstrap_port,
@@ -275,7 +287,7 @@ def pd_generate(
     if d_resp.status_code != 200:
         return {"error": (d_resp.status_code, d_resp.text[:300])}
     assert p_resp.status_code == 200, p_resp.text[:500]
-    return d_resp.json()
+    return (p_resp.json(), d_resp.json()) if with_prefill else d_resp.json()
 
 
 # Decode admission charges --num-reserved-decode-tokens on top of a request's KV:
@@ -503,6 +515,63 @@ def l3_phase(prefill, decodes, bootstrap_port, store, text, page) -> dict:
     return out
 
 
+# A prefill server with HiCache (radix cache, host tier) on the decode workers'
+# store, attached at runtime like them. Only ``prefill_l3_phase`` sends to it,
+# so every hit the other phases report stays the decode worker's own.
+PREFILL_L3 = ["--disaggregation-mode", "prefill", *TRANSFER]
+PREFILL_L3 += ["--enable-hierarchical-cache", "--hicache-ratio", "2.0", *HICACHE_IO]
+PREFILL_L3 += ["--enable-metrics", "--admin-api-key", "pd-l3-admin"]
+SECOND_TURN_WORDS = 30  # new words of the second turn
+PREFILL_L3_MISS_KEY = "prefill-l3-miss"  # a namespace nothing in the store has
+PREFILL_L3_SEED = 11  # its own words: the other phases' draws stay as they were
+
+
+def prefill_l3_phase(
+    prefill_l3, decode, bootstrap_port, store, text, page, rng
+) -> dict:
+    """Prefill and decode on one store: ``prefill_l3`` and ``decode`` (both
+    L3 attached, write-through) serve a first turn; the decode worker puts
+    the prompt's pages and those of the tokens it generated (their KV only
+    it computed); prefill's cache is flushed (device and host), and the
+    second turn (the first one's prompt and output, then new words, as token
+    ids) finds on prefill, from the store, every token of the first turn
+    that has KV. Returns both servers' answers of both turns."""
+    out = dict(attach=attach_l3(prefill_l3, store))
+    ids = prefill_l3.post_raw("/tokenize", {"prompt": text}).json()["tokens"]
+    before = page_objects(store)
+    p1, d1 = pd_generate(prefill_l3, decode, bootstrap_port, ids, with_prefill=True)
+    out["first"] = dict(prefill=served(p1), decode=served(d1))
+    out["prompt"] = len(ids)
+    # the first turn's tokens with KV on the decode worker: the prompt and
+    # every output token (the overlap scheduler runs the step after the
+    # last token before it sees the request finished)
+    out["with_kv"] = len(ids) + len(d1["output_ids"])
+    out["objects_written"] = wait_objects(
+        store, before, out["with_kv"] // page, L3_WRITTEN_S
+    )
+    flushed = admin_post(prefill_l3, "/flush_cache")
+    out["flush"] = (flushed.status_code, flushed.text[:200])
+    new = " ".join(rng.choice(WORDS) for _ in range(SECOND_TURN_WORDS))
+    new_ids = prefill_l3.post_raw("/tokenize", {"prompt": new}).json()["tokens"]
+    turn2 = ids + d1["output_ids"] + new_ids
+    p2, d2 = pd_generate(
+        prefill_l3, decode, bootstrap_port, turn2, logprobs=True, with_prefill=True
+    )
+    out["second"] = dict(prefill=served(p2), decode=served(d2))
+    # the second turn computed whole (a namespace nothing stored has)
+    out["reference"] = served(
+        pd_generate(
+            prefill_l3,
+            decode,
+            bootstrap_port,
+            turn2,
+            PREFILL_L3_MISS_KEY,
+            logprobs=True,
+        )
+    )
+    return out
+
+
 # After the flush, prompts that fill the sharded worker's device pool (3 x 208
 # tokens of 640): the device and host slots the first visit freed then hold
 # other KV, so a restore that wrote nothing would not find the first visit's
@@ -656,6 +725,7 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
             "patched", prefill_args, env=PD_ENV, name="prefill", model=MODEL
         )
         STALLS.servers["prefill"] = prefill
+        l3_bootstrap_port = free_port()
         decodes, pids = {}, []
         # The seed worker's KV events, one publisher per DP rank (port + rank),
         # subscribed before it binds.
@@ -663,9 +733,19 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
         subs = [Subscriber(f"tcp://127.0.0.1:{events_port + r}") for r in range(2)]
         events = ["--kv-events-config", events_config(events_port)]
 
-        sharded = {}
+        # servers of one phase each, stopped once it is done
+        phased = {}
 
         def start(name):
+            if name == "prefill-l3":
+                args = PREFILL_L3 + [
+                    "--disaggregation-bootstrap-port",
+                    str(l3_bootstrap_port),
+                ]
+                server = LiveServer("patched", args, env=PD_ENV, name=name, model=MODEL)
+                phased[name] = server
+                STALLS.servers[name] = server
+                return
             server = LiveServer(
                 "patched",
                 (DECODES | {"sharded": SHARDED_DECODE})[name]
@@ -674,12 +754,13 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
                 name=f"decode-{name}",
                 model=MODEL,
             )
-            (sharded if name == "sharded" else decodes)[name] = server
+            (phased if name == "sharded" else decodes)[name] = server
             STALLS.servers[f"decode-{name}"] = server
 
         try:
-            with ThreadPoolExecutor(len(DECODES) + 1) as pool:
-                for f in [pool.submit(start, n) for n in [*DECODES, "sharded"]]:
+            names = [*DECODES, "sharded", "prefill-l3"]
+            with ThreadPoolExecutor(len(names)) as pool:
+                for f in [pool.submit(start, n) for n in names]:
                     f.result()
             rng = random.Random(5)
             oversized = " ".join(rng.choice(WORDS) for _ in range(OVERSIZED_WORDS))
@@ -705,12 +786,24 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
             cls.results["l3"] = l3_phase(
                 prefill, decodes, bootstrap_port, store, l3_text, page
             )
+            l3_rng = random.Random(PREFILL_L3_SEED)
+            cls.results["prefill_l3"] = prefill_l3_phase(
+                phased["prefill-l3"],
+                decodes["generic"],
+                l3_bootstrap_port,
+                store,
+                " ".join(l3_rng.choice(WORDS) for _ in range(PROMPT_WORDS)),
+                page,
+                l3_rng,
+            )
+            del STALLS.servers["prefill-l3"]
+            pids += phased.pop("prefill-l3").stop()
             cls.results["sharded"] = sharded_phase(
-                prefill, sharded["sharded"], bootstrap_port, store, l3_text, page, rng
+                prefill, phased["sharded"], bootstrap_port, store, l3_text, page, rng
             )
             # its part done: stopped now (the probe names the others' processes)
             del STALLS.servers["decode-sharded"]
-            pids += sharded.pop("sharded").stop()
+            pids += phased.pop("sharded").stop()
             cls.results["l3_faults"] = fault_phase(
                 prefill, decodes["generic"], bootstrap_port, store, rng, page
             )
@@ -732,13 +825,13 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
         except Exception as exc:
             logs = prefill.log_tail(3000)
             logs += "".join(
-                d.log_tail(4000) for d in [*decodes.values(), *sharded.values()]
+                d.log_tail(4000) for d in [*decodes.values(), *phased.values()]
             )
             raise RuntimeError(f"{exc}\n{logs}\n{STALLS.report()}") from exc
         finally:
             for sub in subs:
                 sub.close()
-            for server in (*decodes.values(), *sharded.values(), prefill):
+            for server in (*decodes.values(), *phased.values(), prefill):
                 pids += server.stop()
         assert_all_gone(pids)
 
@@ -774,6 +867,36 @@ class TestPdDecodeHiCacheServer(unittest.TestCase):
         self.assertEqual(shared["details"].get("storage", 0), full, shared)
         self.assertEqual(shared["cached"], full, shared)
         self.assertEqual(shared["output_ids"], miss["output_ids"])
+
+    def test_prefill_serves_a_next_turn_from_what_decode_put_in_l3(self):
+        pl3, page = self.results["prefill_l3"], self.results["page"]
+        print("prefill l3:", pl3)
+        self.assertEqual(pl3["attach"][0], 200, pl3["attach"])
+        first = pl3["first"]
+        self.assertEqual(first["prefill"]["cached"], 0, first)  # a new prompt
+        self.assertEqual(len(first["decode"]["output_ids"]), NEW_TOKENS, first)
+        # the decode worker's tree keeps the prompt and every output token
+        with_kv = pl3["prompt"] + NEW_TOKENS
+        self.assertEqual(pl3["with_kv"], with_kv, pl3)
+        # every page of them reached the store; prefill only ever computed
+        # (and put) the prompt's
+        stored = with_kv // page
+        self.assertGreaterEqual(pl3["objects_written"], stored, pl3)
+        self.assertEqual(pl3["flush"][0], 200, pl3["flush"])
+        # prefill's device and host flushed: the second turn's prefix found
+        # in the store, the first turn's output tokens included
+        second = pl3["second"]["prefill"]
+        self.assertEqual(second["details"].get("storage", 0), stored * page, second)
+        self.assertEqual(second["cached"], stored * page, second)
+        self.assertGreater(second["cached"], pl3["prompt"], second)
+        # the same greedy tokens as the second turn computed whole, up to a
+        # tie: that KV of the output tokens is the decode worker's, computed
+        # one token at a time, the reference's prefill computes it in one
+        # extend
+        ref = pl3["reference"]
+        self.assertEqual(ref["cached"], 0, ref)
+        divergence = first_divergence(pl3["second"]["decode"], ref)
+        self.assertIn((divergence or ("same",))[0], ("same", "tie"), (divergence, pl3))
 
     def test_a_rank_sharded_decode_worker_restores_its_shards_from_l3(self):
         sh, page = self.results["sharded"], self.results["page"]
