@@ -4,6 +4,7 @@ fails the run."""
 
 import subprocess
 import sys
+from pathlib import Path
 
 from .conftest import ROOT, SCRIPTS, import_scripts
 
@@ -75,13 +76,22 @@ def test_a_failing_lane_fails_the_run(tmp_path):
 def test_every_test_file_is_in_exactly_one_lane():
     tests = ROOT / "tests"
     lanes = pytest_lanes.lanes(tests)
-    live = [p for p in lanes["live"]]
+    live = [p for p in lanes["live"] if not p.startswith("--ignore=")]
+    moved = [a.removeprefix("--ignore=") for a in lanes["live"][len(live) :]]
     ignored = [a.removeprefix("--ignore=") for a in lanes["unit"][1:]]
     assert lanes["unit"][0] == str(tests)
-    assert sorted(ignored) == sorted(live)
-    # every live path exists (a renamed file would silently move lanes)
+    # every live path and every file moved to the unit lane exists (a
+    # renamed file would silently move lanes)
     assert len(live) == len(pytest_lanes.LIVE)
+    assert moved == [str(tests / p) for p in pytest_lanes.UNIT_IN_LIVE]
     files = sorted(tests.rglob("test_*.py"))
-    in_live = [f for f in files if any(f.is_relative_to(p) for p in live)]
+    in_live = [
+        f
+        for f in files
+        if any(f.is_relative_to(p) for p in live) and str(f) not in moved
+    ]
+    # the unit lane ignores exactly the live lane's files, and runs the moved ones
+    assert sorted(ignored) == sorted(str(f) for f in in_live)
+    assert all(any(Path(m).is_relative_to(p) for p in live) for m in moved)
     assert in_live and len(in_live) < len(files)
     assert any(f.parts[-3:-1] == ("registered", "server") for f in in_live)
