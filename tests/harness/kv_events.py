@@ -11,7 +11,6 @@ what an outside router (SMG's event mode, Dynamo) receives.
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections import defaultdict
@@ -19,7 +18,7 @@ from collections import defaultdict
 import msgspec
 import zmq
 
-from harness.live_server import port_is_free
+from harness.live_server import free_port
 
 GPU, CPU = "GPU", "CPU_PINNED"  # StorageMedium values on the wire
 STORED, REMOVED = "BlockStored", "BlockRemoved"
@@ -127,16 +126,12 @@ def alternation_errors(history) -> list:
 
 
 def publisher_port(ranks: int = 1) -> int:
-    """A free port below the kernel's ephemeral range (32768 and up): the SUB
-    socket connects (and ZMQ keeps reconnecting) before the server binds, and
-    a reconnect from an ephemeral source port equal to the target port would
-    connect the socket to itself and take the port (seen: the publisher's
-    bind then fails, "Address already in use"); nor can another process's
-    ephemeral port take it in between. ``ranks``: that many consecutive
-    ports free (one publisher per DP rank)."""
-    rng = random.Random()
-    for _ in range(100):
-        port = rng.randrange(20000, 32000)
-        if all(port_is_free(port + r) for r in range(ranks)):
-            return port
-    raise AssertionError("no free port in 20000-32000")
+    """A claimed port below the kernel's ephemeral range (32768 and up,
+    ``harness.live_server.free_port``): the SUB socket connects (and ZMQ
+    keeps reconnecting) before the server binds, and a reconnect from an
+    ephemeral source port equal to the target port would connect the socket
+    to itself and take the port (seen: the publisher's bind then fails,
+    "Address already in use"); nor can another process's ephemeral port or
+    server take it in between. ``ranks``: that many consecutive ports (one
+    publisher per DP rank)."""
+    return free_port(span=tuple(range(1, ranks)))

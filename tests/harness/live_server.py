@@ -51,10 +51,19 @@ HICACHE_ARGS = list(cpu_server.HICACHE_ARGS)
 IDLE_ARGS = ["--sleep-on-idle"]
 
 
-def free_port() -> int:
+def free_port(span: tuple[int, ...] = ()) -> int:
     """A port for a server to listen on (``scripts/ports.py``: outside the
-    ephemeral range, where no outgoing connection takes it meanwhile)."""
-    return ports.free_port(cpu_server.HOST)
+    ephemeral range and sglang's own, claimed for this process, so neither an
+    outgoing connection, nor a server picking its own, nor another of our
+    pickers takes it meanwhile); ``span``: offsets claimed with it."""
+    return ports.free_port(cpu_server.HOST, span)
+
+
+# The ports a server derives from its HTTP port under DP attention on one
+# node (0.5.23's PortArgs: its dist-init port at +ZMQ_TCP_PORT_DELTA (233),
+# then six ZMQ ports), and from --dist-init-addr's port on several nodes.
+DP_DERIVED = tuple(range(233, 241))
+DIST_INIT_DERIVED = tuple(range(1, 8))
 
 
 def model_path(name: str = "tiny-llama") -> Path:
@@ -73,11 +82,24 @@ class LiveServer:
     ):
         self.tree = tree
         self.extra_args = list(extra_args or [])
+        # claimed until this process exits: a check that the port is free
+        # once the server stopped sees no other server of ours on it
+        self.claimed: list[int] = []
         if nodes > 1:  # one launcher per node on this machine, node 0 serves
             self.extra_args += ["--nnodes", str(nodes)]
-            self.extra_args += ["--dist-init-addr", f"{cpu_server.HOST}:{free_port()}"]
+            addr = f"{cpu_server.HOST}:{self._claim(DIST_INIT_DERIVED)}"
+            self.extra_args += ["--dist-init-addr", addr]
+        one_group = "--enable-dp-attention" in self.extra_args or (
+            cpu_server.dp_size_of(self.extra_args) == 1
+        )
+        if one_group and "--nccl-port" not in self.extra_args:
+            # sglang would pick it itself and bind it only once its scheduler
+            # starts: another server starting meanwhile could pick it too.
+            # (DP without DP attention starts a TP group per DP rank, each
+            # picking its own port: a given one would be every group's.)
+            self.extra_args += ["--nccl-port", str(self._claim())]
         self.followers: list[subprocess.Popen] = []  # node ranks 1..nodes-1
-        self.port = free_port()
+        self.port = self._claim(DP_DERIVED)
         self.base_url = f"http://{cpu_server.HOST}:{self.port}"
         self.logdir = Path(tempfile.mkdtemp(prefix=f"live-{name}-"))
         self.stdout_path = self.logdir / "stdout.log"
@@ -107,7 +129,7 @@ class LiveServer:
         self._err = open(self.stderr_path, "w")
         for node in range(1, nodes):  # each binds its own health port
             follower = [*command, "--node-rank", str(node)]
-            follower += ["--host", cpu_server.HOST, "--port", str(free_port())]
+            follower += ["--host", cpu_server.HOST, "--port", str(self._claim())]
             self.followers.append(
                 subprocess.Popen(
                     follower, stdout=self._out, stderr=self._err, env=child_env
@@ -127,6 +149,11 @@ class LiveServer:
         except BaseException:  # Ctrl-C while it starts: leave nothing behind
             self.stop()
             raise
+
+    def _claim(self, span: tuple[int, ...] = ()) -> int:
+        port = free_port(span)
+        self.claimed += [port, *(port + o for o in span)]
+        return port
 
     def _wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
