@@ -12,9 +12,9 @@ Three kinds of picker can take it meanwhile, and each is kept apart here:
   (``get_free_port_below_ephemeral``), a gap no port here comes from;
 * this project's own pickers, in every process at once (the two pytest lanes,
   the forked checks, a ``make serve-cpu``): each port handed out is claimed
-  machine-wide first, by a file named after it in a registry folder created
-  exclusively and holding the claimant's PID. A claim lasts until the
-  claimant releases it or exits.
+  machine-wide first, by a file named after it in a registry folder holding
+  the claimant's PID, written under the registry's lock. A claim lasts until
+  the claimant releases it or exits.
 
 ``free_port()`` returns a claimed port that binds now; ``span`` claims the
 ports at those offsets from it too (a DP-attention server derives its ZMQ
@@ -23,6 +23,8 @@ ports from its HTTP port, a publisher per DP rank takes consecutive ports).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import random
 import socket
@@ -79,49 +81,45 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _stale(path: Path) -> bool:
-    """The claim's owner has exited (a claim still being written is not)."""
+@contextlib.contextmanager
+def _registry_locked():
+    """The registry, locked against every other process's claims and
+    releases (an exclusive ``flock`` of its lock file, which the kernel drops
+    with its holder)."""
+    REGISTRY.mkdir(mode=0o700, exist_ok=True)
+    with open(REGISTRY / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _owner(path: Path) -> int | None:
     try:
         text = path.read_text().strip()
     except FileNotFoundError:
-        return True
-    return text.isdigit() and not _alive(int(text))
+        return None
+    return int(text) if text.isdigit() else None
 
 
 def claim(port: int) -> bool:
-    """Claim ``port`` for this process, machine-wide; False when another live
-    process holds it. A claim whose owner exited is taken over."""
-    REGISTRY.mkdir(mode=0o700, exist_ok=True)
+    """Claim ``port`` for this process, machine-wide; False when a live
+    process (this one included) holds it. A claim whose owner exited is
+    taken over."""
     path = REGISTRY / str(port)
-    for _ in range(3):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-        except FileExistsError:
-            if not _stale(path):
-                return False
-            # only one taker's rename succeeds; the file it moved is dropped
-            aside = path.with_name(f"{port}.stale.{os.getpid()}")
-            try:
-                os.rename(path, aside)
-                aside.unlink()
-            except FileNotFoundError:
-                pass
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
+    with _registry_locked():
+        owner = _owner(path)
+        if owner is not None and _alive(owner):
+            return False
+        path.write_text(str(os.getpid()))
         return True
-    return False
 
 
 def release(*ports: int) -> None:
     """Give back this process's claims on ``ports``."""
-    for port in ports:
-        path = REGISTRY / str(port)
-        try:
-            if path.read_text().strip() == str(os.getpid()):
+    with _registry_locked():
+        for port in ports:
+            path = REGISTRY / str(port)
+            if _owner(path) == os.getpid():
                 path.unlink()
-        except FileNotFoundError:
-            pass
 
 
 def _binds(host: str, port: int) -> bool:
