@@ -82,12 +82,9 @@ class LiveServer:
     ):
         self.tree = tree
         self.extra_args = list(extra_args or [])
-        # claimed until this process exits: a check that the port is free
-        # once the server stopped sees no other server of ours on it
-        self.claimed: list[int] = []
         if nodes > 1:  # one launcher per node on this machine, node 0 serves
             self.extra_args += ["--nnodes", str(nodes)]
-            addr = f"{cpu_server.HOST}:{self._claim(DIST_INIT_DERIVED)}"
+            addr = f"{cpu_server.HOST}:{free_port(DIST_INIT_DERIVED)}"
             self.extra_args += ["--dist-init-addr", addr]
         one_group = "--enable-dp-attention" in self.extra_args or (
             cpu_server.dp_size_of(self.extra_args) == 1
@@ -97,9 +94,11 @@ class LiveServer:
             # starts: another server starting meanwhile could pick it too.
             # (DP without DP attention starts a TP group per DP rank, each
             # picking its own port: a given one would be every group's.)
-            self.extra_args += ["--nccl-port", str(self._claim())]
+            self.extra_args += ["--nccl-port", str(free_port())]
         self.followers: list[subprocess.Popen] = []  # node ranks 1..nodes-1
-        self.port = self._claim(DP_DERIVED)
+        # claimed until this process exits: a check that the port is free
+        # once the server stopped sees no other server of ours on it
+        self.port = free_port(DP_DERIVED)
         self.base_url = f"http://{cpu_server.HOST}:{self.port}"
         self.logdir = Path(tempfile.mkdtemp(prefix=f"live-{name}-"))
         self.stdout_path = self.logdir / "stdout.log"
@@ -129,7 +128,7 @@ class LiveServer:
         self._err = open(self.stderr_path, "w")
         for node in range(1, nodes):  # each binds its own health port
             follower = [*command, "--node-rank", str(node)]
-            follower += ["--host", cpu_server.HOST, "--port", str(self._claim())]
+            follower += ["--host", cpu_server.HOST, "--port", str(free_port())]
             self.followers.append(
                 subprocess.Popen(
                     follower, stdout=self._out, stderr=self._err, env=child_env
@@ -149,11 +148,6 @@ class LiveServer:
         except BaseException:  # Ctrl-C while it starts: leave nothing behind
             self.stop()
             raise
-
-    def _claim(self, span: tuple[int, ...] = ()) -> int:
-        port = free_port(span)
-        self.claimed += [port, *(port + o for o in span)]
-        return port
 
     def _wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
